@@ -1,0 +1,71 @@
+"""HTTP surface in the tokenizer (main) process: `/llm42_stats`, `/reset_llm42_stats`, meta_info.
+
+Statistics live in the scheduler processes; they travel over SGLang's own internal-state RPC
+(`get_internal_state` / `set_internal_state`), summed over data-parallel ranks.
+"""
+
+from __future__ import annotations
+
+from llm42.sglang.scheduler_hooks import META_KEYS, RESET_KEY
+
+_SUMMED = (
+    "verify_passes", "verify_rows", "padded_rows", "verified_tokens", "rollbacks",
+    "tokens_rolled_back", "injected_mismatches", "inconsistent_tokens", "verify_time_s",
+    "det_requests_finished", "reserved_kv_tokens",
+)
+
+
+def merge_snapshots(snapshots: list[dict]) -> dict:
+    """One view over DP ranks; recompute_pct is recomputed from the summed counts."""
+    live = [s for s in snapshots if s.get("enabled")]
+    if not live:
+        return {"enabled": False}
+    merged = dict(live[0])
+    for key in _SUMMED:
+        merged[key] = sum(s.get(key, 0) for s in live)
+    done = merged["verified_tokens"] + merged["tokens_rolled_back"]
+    merged["recompute_pct"] = 100.0 * merged["tokens_rolled_back"] / max(1, done)
+    merged["dp_ranks"] = len(live)
+    return merged
+
+
+def tokenizer_manager_init_hook(result, tokenizer_manager, *args, **kwargs):
+    """AFTER TokenizerManager.__init__: add llm42's routes to SGLang's FastAPI app."""
+    from fastapi.responses import ORJSONResponse
+    from sglang.srt.entrypoints import http_server
+    from sglang.srt.managers.io_struct import SetInternalStateReq
+
+    app = http_server.app
+    if any(getattr(r, "path", None) == "/llm42_stats" for r in app.routes):
+        return
+
+    async def llm42_stats():
+        states = await tokenizer_manager.get_internal_state()
+        return ORJSONResponse(merge_snapshots([s.get("llm42", {}) for s in states]))
+
+    async def reset_llm42_stats():
+        updated = await tokenizer_manager.set_internal_state(
+            SetInternalStateReq(server_args={RESET_KEY: 1})
+        )
+        return ORJSONResponse({"success": bool(updated) and all(updated)})
+
+    app.add_api_route("/llm42_stats", llm42_stats, methods=["GET"])
+    app.add_api_route("/reset_llm42_stats", reset_llm42_stats, methods=["POST"])
+
+
+def _collapse(out) -> None:
+    """SGLang ships customized_info per token; llm42's per-request counters are scalars."""
+    meta = out.get("meta_info") if isinstance(out, dict) else None
+    if not meta:
+        return
+    for key in META_KEYS:
+        values = meta.get(key)
+        if isinstance(values, list):
+            meta[key] = next((v for v in reversed(values) if v is not None), 0)
+
+
+async def wait_one_response_hook(original, tokenizer_manager, *args, **kwargs):
+    """AROUND TokenizerManager._wait_one_response (an async generator)."""
+    async for out in original(tokenizer_manager, *args, **kwargs):
+        _collapse(out)
+        yield out

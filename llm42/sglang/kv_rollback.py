@@ -1,0 +1,84 @@
+"""Exact rollback of a running request's tail: KV slots, token list, logprobs, batch lengths.
+
+For a request with prompt length P and n output tokens, SGLang (page size 1, no overlap, no
+speculation) keeps `kv_committed_len == kv_allocated_len == P + n - 1`: slots
+`req_to_token[row, 0 : P+n-1)` hold the KV of the prompt and of o_0 .. o_{n-2}; o_{n-1} is the
+next decode input. Truncating the output to n' tokens frees the slots
+
+    req_to_token[row, P+n'-1 : P+n-1)        (n - n' slots, half-open)
+
+and shrinks every length by that count. The next decode input (relayed through
+`future_map.output_tokens_buf[row]`) becomes the new last token.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.managers.scheduler import Scheduler
+
+_LOGPROB_LISTS = (
+    "output_token_logprobs_val",
+    "output_token_logprobs_idx",
+    "output_top_logprobs_val",
+    "output_top_logprobs_idx",
+    "output_token_ids_logprobs_val",
+    "output_token_ids_logprobs_idx",
+)
+
+
+def truncate_output(
+    scheduler: Scheduler, req: Req, new_len: int, batch: ScheduleBatch | None
+) -> int:
+    """Drop output tokens [new_len, n) and their KV; return the number of freed KV slots."""
+    n = len(req.output_ids)
+    if new_len >= n:
+        return 0
+    num_freed = n - new_len
+    if req.req_pool_idx is not None and req.kv is not None:
+        prompt_len = len(req.origin_input_ids)
+        row = scheduler.req_to_token_pool.req_to_token[req.req_pool_idx]
+        start, end = prompt_len + new_len - 1, prompt_len + n - 1
+        if end > start:
+            scheduler.token_to_kv_pool_allocator.free(row[start:end].to(torch_long()))
+            req.kv_committed_len -= end - start
+            req.kv.kv_allocated_len -= end - start
+            req.decode_batch_idx = max(0, req.decode_batch_idx - (end - start))
+            if batch is not None:
+                _shrink_batch_row(batch, req, end - start)
+    del req.output_ids[new_len:]
+    for name in _LOGPROB_LISTS:
+        values = getattr(req.logprob, name, None) if req.logprob is not None else None
+        if values is not None and len(values) > new_len:
+            del values[new_len:]
+    return num_freed
+
+
+def append_token(scheduler: Scheduler, req: Req, token_id: int) -> None:
+    """Append the verifier's corrected token; it is the next decode input, so no KV yet."""
+    req.output_ids.append(token_id)
+    if req.req_pool_idx is not None and not req.finished():
+        scheduler.future_map.output_tokens_buf[req.req_pool_idx] = token_id
+
+
+def _shrink_batch_row(batch: ScheduleBatch, req: Req, num: int) -> None:
+    try:
+        i = next(i for i, r in enumerate(batch.reqs) if r is req)
+    except StopIteration:
+        return
+    # Rebind instead of in-place edits: the tensors may be aliased by a queued ForwardBatch.
+    for name in ("seq_lens", "seq_lens_cpu", "orig_seq_lens"):
+        t = getattr(batch, name, None)
+        if t is not None and len(t) > i:
+            t = t.clone()
+            t[i] -= num
+            setattr(batch, name, t)
+    batch.seq_lens_sum = None
+
+
+def torch_long():
+    import torch
+
+    return torch.int64

@@ -1,0 +1,94 @@
+"""SGLang plugin entry point (`sglang.srt.plugins` group): registers llm42's hooks in every process.
+
+SGLang calls `register()` in the launcher, the tokenizer manager's process and each scheduler
+subprocess, then applies the hooks. The hook list is data (`patches/`); this module only turns it
+into `HookRegistry` registrations. If the installed SGLang does not match the manifest, only the
+CLI hooks are registered, so `--enable-llm42` stops the launch with the list of mismatches
+instead of running on unknown code.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from llm42.sglang import manifest
+
+logger = logging.getLogger(__name__)
+
+# Problems found at registration; reported by the CLI hook when --enable-llm42 is given.
+REGISTRATION_PROBLEMS: list[str] = []
+_CLI_TARGETS = {
+    "sglang.srt.server_args.ServerArgs.add_cli_args",
+    "sglang.srt.server_args.ServerArgs.from_cli_args",
+}
+
+
+def register() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    version = manifest.installed_sglang_version()
+    try:
+        specs = manifest.load_manifest(version)
+        problems = manifest.check(specs)
+    except Exception as exc:
+        specs = [
+            manifest.HookSpec(t, "around", _cli_hook_name(t), "CLI", "") for t in _CLI_TARGETS
+        ]
+        problems = [str(exc)]
+    REGISTRATION_PROBLEMS[:] = problems
+    if problems:
+        logger.error("llm42 disabled: sglang %s does not match patches/: %s", version, problems)
+        specs = [s for s in specs if s.target in _CLI_TARGETS]
+
+    types = {"before": HookType.BEFORE, "after": HookType.AFTER, "around": HookType.AROUND}
+    for spec in specs:
+        hook = manifest.resolve_hook(spec)
+        if spec.type == "property":
+            _patch_property(spec.target, hook)
+        else:
+            HookRegistry.register(spec.target, hook, types[spec.type])
+
+
+def _cli_hook_name(target: str) -> str:
+    return f"llm42.sglang.server_args:{target.rsplit('.', 1)[1]}_hook"
+
+
+def _patch_property(target: str, getter) -> None:
+    """HookRegistry cannot wrap properties; replace the getter, keeping the original reachable."""
+    import pkgutil
+
+    owner_path, attr = target.rsplit(".", 1)
+    owner = pkgutil.resolve_name(owner_path)
+    original = owner.__dict__[attr]
+    if getattr(original.fget, "__llm42_original__", None) is not None:
+        return  # already patched in this process
+
+    def fget(self, _orig=original.fget):
+        return getter(_orig, self)
+
+    fget.__llm42_original__ = original.fget
+    fget.__wrapped__ = original.fget
+    setattr(owner, attr, property(fget, original.fset, original.fdel, original.__doc__))
+
+
+def assert_hooks_applied() -> None:
+    """HookRegistry only logs a target it failed to patch; refuse to run half-hooked."""
+    import pkgutil
+
+    missing = []
+    for spec in manifest.load_manifest(manifest.installed_sglang_version()):
+        owner_path, attr = spec.target.rsplit(".", 1)
+        owner = pkgutil.resolve_name(owner_path)
+        raw = owner.__dict__.get(attr) if isinstance(owner, type) else getattr(owner, attr)
+        if isinstance(raw, (classmethod, staticmethod)):
+            raw = raw.__func__
+        if isinstance(raw, property):
+            raw = raw.fget
+        if not hasattr(raw, "__wrapped__"):
+            missing.append(spec.target)
+    if missing:
+        raise RuntimeError(
+            "llm42: these SGLang targets were not hooked (see earlier 'Failed to apply hooks' "
+            f"log lines): {missing}. Expected sglang {manifest.installed_sglang_version()} "
+            "to match patches/."
+        )

@@ -1,0 +1,64 @@
+"""Per-scheduler-process llm42 state: config, statistics, fault injector, metrics.
+
+One SGLang scheduler runs per process (per TP rank / DP replica), so a module-level instance is
+the simplest owner; hooks on frozen SGLang dataclasses (the batch result processor) reach it here.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from llm42.core.config import Llm42Config
+from llm42.core.injection import MismatchInjector
+from llm42.core.stats import Llm42Stats
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+RUNTIME: Llm42Runtime | None = None
+# True only while the verification forward runs (read by the LogitsMetadata hook).
+IN_VERIFY_PASS = False
+
+
+class Llm42Runtime:
+    def __init__(self, scheduler: Scheduler, config: Llm42Config):
+        self.scheduler = scheduler
+        self.config = config
+        self.stats = Llm42Stats()
+        self.injector = MismatchInjector(config.inject_mismatch_rate, config.seed)
+        self.vocab_size = scheduler.model_config.vocab_size
+        self.prefer_det_prefill = True  # alternates deterministic and normal prefill batches
+        self.metrics = None
+        if getattr(scheduler, "enable_metrics", False):
+            from llm42.sglang.metrics import Llm42Metrics
+
+            self.metrics = Llm42Metrics()
+
+    def snapshot(self) -> dict:
+        snap = self.stats.snapshot()
+        snap.update(
+            enabled=True,
+            window_size=self.config.window_size,
+            verify_batch_size=self.config.verify_batch_size,
+            inject_mismatch_rate=self.config.inject_mismatch_rate,
+            skip_compare=self.config.skip_compare,
+            # Dummy rows reuse SGLang's reserved padding row 0 / slot 0: no extra KV.
+            reserved_kv_tokens=0,
+        )
+        return snap
+
+
+def install(scheduler: Scheduler, config: Llm42Config) -> Llm42Runtime:
+    global RUNTIME
+    RUNTIME = Llm42Runtime(scheduler, config)
+    logger.info(
+        "llm42 enabled: window %d, verify batch %d, inject mismatch rate %.3f%s",
+        config.window_size,
+        config.verify_batch_size,
+        config.inject_mismatch_rate,
+        ", skip compare" if config.skip_compare else "",
+    )
+    return RUNTIME

@@ -1,0 +1,316 @@
+"""The decode-verify-rollback hooks inside SGLang's scheduler process.
+
+Flow for a deterministic request (normal event loop; llm42 turns the overlap loop off):
+  1. prefill runs in a batch of its own (`prefill_batch_hook`), so o_0 depends on the request only;
+  2. decode steps append candidates on the shared fast path; `output_ids_through_stop` shows
+     the detokenizer only the verified prefix, and a finish (EOS, stop, length) is deferred
+     until the tokens that caused it are verified (`update_finish_state_hook`);
+  3. after each decode step, ready requests are verified in fixed-shape passes and the decision
+     of `llm42.core` is applied: commit, or truncate + corrected token (`decode_result_hook`);
+  4. finished requests are released and streamed only after their last window is verified.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+from llm42.core.decision import decide
+from llm42.core.planner import build_row, plan_passes
+from llm42.core.window import DetRequestState
+from llm42.sglang import kv_rollback, runtime, verifier
+from llm42.sglang.request_fields import is_deterministic_params
+
+logger = logging.getLogger(__name__)
+
+META_KEYS = {
+    "llm42_verify_passes": "num_verify_passes",
+    "llm42_rollbacks": "num_rollbacks",
+    "llm42_tokens_rolled_back": "num_tokens_rolled_back",
+}
+
+
+def det_state(req) -> DetRequestState | None:
+    return getattr(req, "_llm42", None)
+
+
+# ---------------------------------------------------------------- setup
+
+
+def scheduler_init_hook(result, scheduler, *args, **kwargs):
+    """AFTER Scheduler.__init__: validate against the loaded model and install the runtime."""
+    from llm42.sglang.plugin import assert_hooks_applied
+    from llm42.sglang.server_args import config_from_server_args
+
+    config = config_from_server_args(scheduler.server_args)
+    if config is None:
+        return
+    config.validate(scheduler.model_config.context_len)
+    assert_hooks_applied()
+    page_size = getattr(scheduler, "page_size", 1)
+    if page_size != 1:
+        raise ValueError(f"llm42 supports --page-size 1 only (got {page_size}).")
+    if not scheduler.spec_algorithm.is_none():
+        raise ValueError("llm42 cannot be combined with speculative decoding.")
+    runtime.install(scheduler, config)
+
+
+class _CounterView:
+    """Per-token view of one per-request counter, for SGLang's customized_info channel."""
+
+    __slots__ = ("state", "name")
+
+    def __init__(self, state: DetRequestState, name: str):
+        self.state, self.name = state, name
+
+    def __getitem__(self, index):
+        value = getattr(self.state, self.name)
+        if isinstance(index, slice):
+            return [value] * len(range(*index.indices(1 << 30)))
+        return value
+
+    def __len__(self):
+        return 1 << 30
+
+
+def req_init_hook(result, req, *args, **kwargs):
+    """AFTER Req.__init__: attach window state to deterministic requests."""
+    if runtime.RUNTIME is None or not is_deterministic_params(req.sampling_params):
+        return
+    state = DetRequestState(
+        rid=req.rid,
+        window_size=runtime.RUNTIME.config.window_size,
+        num_prompt_tokens=len(req.origin_input_ids),
+    )
+    req._llm42 = state
+    req._llm42_finish = None
+    # Never match or publish radix-cache prefixes: cached KV was computed by other batches.
+    req.extra_key = f"llm42-det:{req.rid}"
+    req.skip_radix_cache_insert = True
+    req.customized_info = {key: _CounterView(state, attr) for key, attr in META_KEYS.items()}
+
+
+# ---------------------------------------------------------------- what leaves the scheduler
+
+
+def output_ids_through_stop_getter(original_fget, req):
+    """Unfinished deterministic requests publish only their verified tokens."""
+    ids = original_fget(req)
+    state = det_state(req)
+    if state is None or req.finished():
+        return ids
+    return ids[: state.num_verified_tokens]
+
+
+def update_finish_state_hook(original, req, new_accepted_len: int = 1):
+    """AROUND Req.update_finish_state: keep SGLang's checks, defer finishes of candidates."""
+    state = det_state(req)
+    if state is None or req.finished():
+        return original(req, new_accepted_len)
+    sched = runtime.RUNTIME.scheduler
+    if req.to_finish is not None:  # abort / timeout: candidates are dropped, never returned
+        state.rollback_unverified()
+        kv_rollback.truncate_output(sched, req, state.num_output_tokens, None)
+        return original(req, new_accepted_len)
+    _sync_new_tokens(state, req)
+    original(req, new_accepted_len)
+    if req.finished() and state.num_candidate_tokens > 0:
+        req._llm42_finish = (req.finished_reason, req.finished_len)
+        req.finished_reason, req.finished_len = None, None
+        state.mark_finishing()
+
+
+def _sync_new_tokens(state: DetRequestState, req) -> None:
+    num_new = len(req.output_ids) - state.num_output_tokens
+    if num_new <= 0:
+        return
+    if state.num_output_tokens == 0:
+        state.on_first_token()  # from the deterministic prefill
+        num_new -= 1
+    if num_new:
+        state.append_candidates(num_new)
+
+
+# ---------------------------------------------------------------- prefill isolation
+
+
+def prefill_batch_hook(original, scheduler, *args, **kwargs):
+    """AROUND Scheduler._get_new_batch_prefill_raw: a deterministic prefill runs alone."""
+    rt = runtime.RUNTIME
+    queue = scheduler.waiting_queue
+    chunked = scheduler.chunked_req
+    if rt is None or not (any(det_state(r) for r in queue) or det_state(chunked) is not None):
+        return original(scheduler, *args, **kwargs)
+    det = [r for r in queue if det_state(r) is not None]
+    normal = [r for r in queue if det_state(r) is None]
+    if chunked is not None:
+        visible = [] if det_state(chunked) is not None else normal
+    elif det and (rt.prefer_det_prefill or not normal):
+        visible = det[:1]
+    else:
+        visible = normal
+    rt.prefer_det_prefill = not rt.prefer_det_prefill
+    visible_ids = {id(r) for r in visible}
+    scheduler.waiting_queue = visible
+    try:
+        return original(scheduler, *args, **kwargs)
+    finally:
+        left = scheduler.waiting_queue
+        keep = {id(r) for r in left} | {id(r) for r in queue if id(r) not in visible_ids}
+        queued = {id(r) for r in queue}
+        merged = [r for r in queue if id(r) in keep]
+        merged += [r for r in left if id(r) not in queued]  # e.g. retracted by the original
+        scheduler.waiting_queue = merged
+
+
+# ---------------------------------------------------------------- sampling
+
+
+def sampling_info_hook(result, cls, batch, vocab_size, *args, **kwargs):
+    """AFTER SamplingBatchInfo.from_schedule_batch: seeded noise for every row.
+
+    Deterministic rows use their seed, so decode and verifier draw the same noise at the same
+    position; other rows get a random per-request seed (their output stays random). Always
+    setting the tensor keeps SGLang's merge/filter of batches aligned."""
+    if runtime.RUNTIME is None or result.sampling_seed is not None:
+        return result
+    import torch
+
+    seeds = []
+    for req in batch.reqs:
+        if det_state(req) is not None or req.sampling_params.sampling_seed is not None:
+            seeds.append(verifier.seed_of(req.sampling_params))
+        else:
+            if getattr(req, "_llm42_noise_seed", None) is None:
+                req._llm42_noise_seed = random.getrandbits(62)
+            seeds.append(req._llm42_noise_seed)
+    result.sampling_seed = torch.tensor(seeds, dtype=torch.int64, device=batch.device)
+    return result
+
+
+def logits_metadata_hook(result, *args, **kwargs):
+    """AFTER LogitsMetadata.from_forward_batch: the verify pass needs logits for every row."""
+    if runtime.IN_VERIFY_PASS:
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        result.forward_mode = ForwardMode.TARGET_VERIFY
+    return result
+
+
+# ---------------------------------------------------------------- verify, commit, roll back
+
+
+def decode_result_hook(original, processor, batch, result):
+    """AROUND process_batch_result_decode: SGLang appends candidates, then llm42 verifies."""
+    original(processor, batch, result)
+    rt = runtime.RUNTIME
+    if rt is None:
+        return
+    touched = []
+    while ready := [
+        req for req in batch.reqs
+        if (st := det_state(req)) is not None and not req.finished() and st.is_ready
+    ]:
+        _verify(rt, processor, batch, result, ready)
+        touched += [r for r in ready if not any(r is t for t in touched)]
+    if touched:
+        processor.output_streamer.stream_output(touched, batch.return_logprob)
+
+
+def _verify(rt, processor, batch, result, ready) -> None:
+    cfg = rt.config
+    rows = [build_row(det_state(req), req.output_ids) for req in ready]
+    start = 0
+    for vpass in plan_passes(rows, cfg.verify_batch_size, cfg.window_size):
+        reqs = ready[start : start + vpass.num_real_rows]
+        start += vpass.num_real_rows
+        row_reqs = reqs + [None] * vpass.num_pad_rows
+        results, seconds = verifier.run_pass(rt.scheduler, batch, vpass, row_reqs)
+        rt.stats.observe_pass(vpass.num_real_rows, vpass.num_pad_rows, seconds)
+        if rt.metrics is not None:
+            rt.metrics.observe_pass(vpass.num_real_rows, vpass.num_pad_rows, seconds)
+        for req, res in zip(reqs, results):
+            _apply(rt, processor, batch, result, req, res)
+
+
+def _apply(rt, processor, batch, result, req, res: verifier.RowResult) -> None:
+    state = det_state(req)
+    sched = rt.scheduler
+    u, start = state.num_verified_tokens, state.window_start
+    candidates = list(req.output_ids)
+    injected = None
+    if not rt.config.skip_compare:
+        end = state.compare_end
+        corrupted, idx = rt.injector.corrupt(candidates[u:end], rt.vocab_size)
+        if idx is not None:
+            injected = u + idx
+            candidates[injected] = corrupted[idx]
+    decision = decide(
+        state, candidates, res.token_ids, skip_compare=rt.config.skip_compare,
+        injected_index=injected,
+    )
+    if decision.is_rollback:
+        kv_rollback.truncate_output(sched, req, decision.mismatch_index, batch)
+        kv_rollback.append_token(sched, req, decision.corrected_token_id)
+    if req.return_logprob:
+        _write_verified_logprobs(req, res, u, decision.new_num_verified, start)
+    state.apply(decision)
+    rt.stats.observe_decision(decision)
+    if rt.metrics is not None:
+        rt.metrics.observe_decision(decision)
+
+    saved, req._llm42_finish = req._llm42_finish, None
+    if saved is not None and not decision.is_rollback:
+        if state.num_candidate_tokens == 0:
+            req.finished_reason, req.finished_len = saved
+        else:  # candidates past this window: verify them before finishing
+            req._llm42_finish = saved
+    elif decision.is_rollback:
+        req.update_finish_state(1)  # the corrected token may be EOS or complete a stop string
+    if req.finished():
+        i = next(i for i, r in enumerate(batch.reqs) if r is req)
+        processor._handle_finish_state_updated_req(req, batch, result, i, result.logits_output)
+        rt.stats.observe_finished()
+
+
+def _write_verified_logprobs(req, res, u: int, new_verified: int, window_start: int) -> None:
+    """Client-visible logprobs of deterministic requests are the verifier's, never the fast path's."""
+    lp = req.logprob
+    for i in range(u, new_verified):
+        j = i - window_start - 1
+        _put(lp.output_token_logprobs_val, i, res.logprobs[j])
+        _put(lp.output_token_logprobs_idx, i, req.output_ids[i])
+        if lp.top_logprobs_num > 0:
+            _put(lp.output_top_logprobs_val, i, res.top_logprobs_val[j])
+            _put(lp.output_top_logprobs_idx, i, res.top_logprobs_idx[j])
+
+
+def _put(values: list, i: int, value) -> None:
+    if i < len(values):
+        values[i] = value
+    elif i == len(values):
+        values.append(value)
+    else:
+        raise IndexError(f"logprob list has {len(values)} entries, writing index {i}")
+
+
+# ---------------------------------------------------------------- stats over IPC
+
+
+def get_internal_state_hook(result, scheduler, *args, **kwargs):
+    rt = runtime.RUNTIME
+    result.internal_state["llm42"] = rt.snapshot() if rt is not None else {"enabled": False}
+    return result
+
+
+RESET_KEY = "llm42_reset_stats"
+
+
+def set_internal_state_hook(original, scheduler, recv_req):
+    if RESET_KEY not in (recv_req.server_args or {}):
+        return original(scheduler, recv_req)
+    from sglang.srt.managers.io_struct import SetInternalStateReqOutput
+
+    if runtime.RUNTIME is not None:
+        runtime.RUNTIME.stats.reset()
+    return SetInternalStateReqOutput(updated=runtime.RUNTIME is not None)

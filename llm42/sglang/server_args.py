@@ -1,0 +1,113 @@
+"""llm42's server flags on `python -m sglang.launch_server`, and what `--enable-llm42` implies.
+
+ServerArgs is read-only after `__post_init__`, so the flags are attached through
+`ServerArgs.override("llm42", ...)`; they reach the scheduler subprocess with the pickled args.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from llm42.core.config import Llm42Config
+
+FLAG_DEFAULTS = {
+    "enable_llm42": False,
+    "llm42_window_size": 64,
+    "llm42_verify_batch_size": 8,
+    "llm42_inject_mismatch_rate": 0.0,
+    "llm42_skip_compare": False,
+}
+
+
+def add_cli_args_hook(original, parser: argparse.ArgumentParser):
+    original(parser)
+    group = parser.add_argument_group("llm42 (selective deterministic inference)")
+    group.add_argument(
+        "--enable-llm42",
+        action="store_true",
+        help="Serve requests that carry is_deterministic=true bitwise-reproducibly "
+        "(decode on the fast path, verify every window in a fixed-shape pass, roll back).",
+    )
+    group.add_argument(
+        "--llm42-window-size",
+        type=int,
+        default=FLAG_DEFAULTS["llm42_window_size"],
+        help="Tokens decoded per deterministic request before they are verified (W).",
+    )
+    group.add_argument(
+        "--llm42-verify-batch-size",
+        type=int,
+        default=FLAG_DEFAULTS["llm42_verify_batch_size"],
+        help="Rows per verification pass (B); the pass always has B x W tokens.",
+    )
+    group.add_argument(
+        "--llm42-inject-mismatch-rate",
+        type=float,
+        default=FLAG_DEFAULTS["llm42_inject_mismatch_rate"],
+        help="Fault injection for tests/benchmarks: probability that a verification window "
+        "gets one corrupted candidate (seeded by --random-seed).",
+    )
+    group.add_argument(
+        "--llm42-skip-compare",
+        action="store_true",
+        help="Benchmarking only: run verification passes but commit every candidate "
+        "(measures the cost of verification alone; output is NOT deterministic).",
+    )
+
+
+def from_cli_args_hook(original, cls, args: argparse.Namespace):
+    values = {k: getattr(args, k, v) for k, v in FLAG_DEFAULTS.items()}
+    if values["enable_llm42"]:
+        from llm42.sglang.plugin import REGISTRATION_PROBLEMS
+
+        if REGISTRATION_PROBLEMS:
+            _fail(
+                "the installed SGLang does not match llm42's patches/ manifest:\n  "
+                + "\n  ".join(REGISTRATION_PROBLEMS)
+            )
+        # Rollback rewrites the next decode input; the overlap loop has already launched it.
+        args.disable_overlap_schedule = True
+        # Seeded sampling (same noise in decode and verify) exists only in the torch sampler.
+        args.sampling_backend = "pytorch"
+    server_args = original(cls, args)
+    if values["enable_llm42"]:
+        try:
+            config_from_values(values, seed=server_args.random_seed).validate(
+                _context_length(server_args)
+            )
+        except ValueError as exc:
+            _fail(str(exc))
+    server_args.override("llm42", **values)
+    return server_args
+
+
+def config_from_values(values: dict, seed: int | None) -> Llm42Config:
+    return Llm42Config(
+        window_size=values["llm42_window_size"],
+        verify_batch_size=values["llm42_verify_batch_size"],
+        inject_mismatch_rate=values["llm42_inject_mismatch_rate"],
+        skip_compare=values["llm42_skip_compare"],
+        seed=seed or 0,
+    )
+
+
+def config_from_server_args(server_args) -> Llm42Config | None:
+    if not getattr(server_args, "enable_llm42", False):
+        return None
+    values = {k: getattr(server_args, k, v) for k, v in FLAG_DEFAULTS.items()}
+    return config_from_values(values, seed=server_args.random_seed)
+
+
+def _context_length(server_args) -> int | None:
+    if server_args.context_length:
+        return server_args.context_length
+    try:
+        return server_args.get_model_config().context_len
+    except Exception:
+        return None  # checked again in the scheduler, where the model config is loaded
+
+
+def _fail(message: str):
+    print(f"llm42: error: {message}", file=sys.stderr)
+    raise SystemExit(2)

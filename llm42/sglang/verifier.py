@@ -1,0 +1,202 @@
+"""The fixed-shape verification forward pass: B rows x W tokens, whatever is ready.
+
+Each real row replays a request's aligned window over its own KV (its slots are overwritten with
+the verifier's KV); pad entries and dummy rows write into slot 0 of request row 0, the padding
+row and slot SGLang itself reserves at startup (CUDA-graph padding), so a pass needs no memory of
+its own, can never fail to allocate, and leaves SGLang's leak checks untouched.
+
+Sampling is done per row *group* with identical sampling flags (greedy / top-k / top-p / min-p):
+SGLang's sampler picks its code path from batch-wide flags, so sampling rows of different kinds
+together would make one request's logprobs depend on the other rows of the pass.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
+
+import torch
+
+from llm42.core.decision import PAD_TOKEN_ID
+from llm42.core.planner import VerifyPass
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.managers.scheduler import Scheduler
+
+DEFAULT_SEED = 42  # SGLang's own default sampling_seed
+_PAD_REQ = SimpleNamespace(rid="llm42-pad", lora_id=None)
+
+
+@dataclass
+class RowResult:
+    token_ids: list[int]  # [num_real] verifier tokens
+    logprobs: list[float] | None
+    top_logprobs_val: list | None
+    top_logprobs_idx: list | None
+
+
+def run_pass(
+    scheduler: Scheduler, decode_batch: ScheduleBatch, vpass: VerifyPass, reqs: list[Req | None]
+) -> tuple[list[RowResult | None], float]:
+    """Forward + sample one pass; `reqs[i]` is the request of row i (None for dummy rows)."""
+    t0 = time.perf_counter()
+    device = decode_batch.device
+    W = vpass.window_size
+    row_size = scheduler.req_to_token_pool.req_to_token.shape[1]
+
+    pool_idx, prefix_lens, extend_lens, locs = [], [], [], []
+    for row, req in zip(vpass.rows, reqs):
+        if row.is_pad:
+            pool_idx.append(0), prefix_lens.append(0), extend_lens.append(W)
+            locs.append(torch.zeros(W, dtype=torch.int64, device=device))
+            continue
+        slots = scheduler.req_to_token_pool.req_to_token[
+            req.req_pool_idx, row.prefix_len : row.prefix_len + row.num_real
+        ].to(torch.int64)
+        pad = torch.zeros(W - row.num_real, dtype=torch.int64, device=device)
+        # A window reaching past the context (end of a long request): its tail becomes a dummy
+        # sequence on row 0, so the pass keeps B*W tokens and the real entries are unchanged.
+        room = row_size - row.prefix_len
+        pool_idx.append(req.req_pool_idx), prefix_lens.append(row.prefix_len)
+        extend_lens.append(min(W, room))
+        locs.append(torch.cat([slots, pad]))
+        if room < W:
+            pool_idx.append(0), prefix_lens.append(0), extend_lens.append(W - room)
+
+    flat_ids = [0 if t == PAD_TOKEN_ID else t for t in vpass.flat_input_ids]
+    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
+    batch = copy.copy(decode_batch)
+    batch.reqs = [r if r is not None else _PAD_REQ for r in reqs] + [_PAD_REQ] * (
+        len(pool_idx) - len(reqs)
+    )
+    batch.forward_mode = _extend_mode()
+    batch.input_ids = torch.tensor(flat_ids, dtype=torch.int64, device=device)
+    batch.req_pool_indices = torch.tensor(pool_idx, dtype=torch.int64, device=device)
+    batch.seq_lens = torch.tensor(seq_lens, dtype=torch.int64, device=device)
+    batch.seq_lens_cpu = torch.tensor(seq_lens, dtype=torch.int64)
+    batch.orig_seq_lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    batch.seq_lens_sum = sum(seq_lens)
+    batch.out_cache_loc = torch.cat(locs)
+    batch.prefix_lens, batch.extend_lens = prefix_lens, extend_lens
+    batch.extend_num_tokens = sum(extend_lens)
+    batch.extend_logprob_start_lens = list(extend_lens)
+    batch.extend_input_logprob_token_ids = None
+    batch.return_logprob = False
+    batch.top_logprobs_nums = None
+    batch.token_ids_logprobs = None
+    batch.sampling_info = None
+    batch.has_grammar = False
+    batch.spec_info = None
+    batch.global_num_tokens = None
+    batch.global_num_tokens_for_logprob = None
+    batch.is_prefill_only = False
+    batch.input_embeds = None
+    batch.multimodal_inputs = [None] * len(batch.reqs)
+
+    from llm42.sglang import runtime as rt
+
+    rt.IN_VERIFY_PASS = True
+    try:
+        result = scheduler.tp_worker.forward_batch_generation(batch, is_verify=True)
+    finally:
+        rt.IN_VERIFY_PASS = False
+    logits = result.logits_output.next_token_logits  # [num_tokens, vocab]
+    assert logits.shape[0] == len(vpass.rows) * W, f"verify logits {tuple(logits.shape)}"
+    results = _sample_rows(scheduler, vpass, reqs, logits)
+    return results, time.perf_counter() - t0
+
+
+def _sample_rows(scheduler, vpass: VerifyPass, reqs, logits: torch.Tensor):
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+
+    W = vpass.window_size
+    groups: dict[tuple, list[tuple[int, int]]] = defaultdict(list)  # flags -> [(row, entry)]
+    for r, (row, req) in enumerate(zip(vpass.rows, reqs)):
+        if row.is_pad:
+            continue
+        groups[_sampling_flags(req.sampling_params)].extend((r, j) for j in range(row.num_real))
+
+    sampler = scheduler.tp_worker.model_runner.sampler
+    per_entry: dict[tuple[int, int], tuple] = {}
+    for flags, entries in groups.items():
+        index = torch.tensor([r * W + j for r, j in entries], device=logits.device)
+        entry_reqs = [reqs[r] for r, _ in entries]
+        out = LogitsProcessorOutput(next_token_logits=logits.index_select(0, index).float())
+        info = _sampling_info(entry_reqs, flags, logits.device, scheduler.model_config.vocab_size)
+        positions = torch.tensor(
+            [vpass.rows[r].positions[j] for r, j in entries], dtype=torch.int64,
+            device=logits.device,
+        )
+        top_nums = [req.logprob.top_logprobs_num if req.return_logprob else 0 for req in entry_reqs]
+        ids = sampler(out, info, True, top_nums, [None] * len(entries), positions)
+        ids, lps = ids.tolist(), out.next_token_logprobs.tolist()
+        for k, key in enumerate(entries):
+            top_v = out.next_token_top_logprobs_val[k] if out.next_token_top_logprobs_val else None
+            top_i = out.next_token_top_logprobs_idx[k] if out.next_token_top_logprobs_idx else None
+            per_entry[key] = (ids[k], lps[k], _tolist(top_v), _tolist(top_i))
+
+    results: list[RowResult | None] = []
+    for r, row in enumerate(vpass.rows):
+        if row.is_pad:
+            results.append(None)
+            continue
+        vals = [per_entry[(r, j)] for j in range(row.num_real)]
+        results.append(
+            RowResult(
+                token_ids=[v[0] for v in vals],
+                logprobs=[v[1] for v in vals],
+                top_logprobs_val=[v[2] for v in vals],
+                top_logprobs_idx=[v[3] for v in vals],
+            )
+        )
+    return results
+
+
+def _sampling_flags(sp) -> tuple:
+    from sglang.srt.sampling.sampling_params import TOP_K_ALL
+
+    greedy = sp.top_k <= 1
+    return (greedy, (not greedy) and sp.top_p != 1.0, (not greedy) and sp.top_k != TOP_K_ALL,
+            (not greedy) and sp.min_p > 0)
+
+
+def _sampling_info(reqs, flags, device, vocab_size):
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+    greedy, need_top_p, need_top_k, need_min_p = flags
+    sps = [r.sampling_params for r in reqs]
+    return SamplingBatchInfo(
+        temperatures=torch.tensor([sp.temperature for sp in sps], dtype=torch.float,
+                                  device=device).view(-1, 1),
+        top_ps=torch.tensor([sp.top_p for sp in sps], dtype=torch.float, device=device),
+        top_ks=torch.tensor([sp.top_k for sp in sps], dtype=torch.int32, device=device),
+        min_ps=torch.tensor([sp.min_p for sp in sps], dtype=torch.float, device=device),
+        is_all_greedy=greedy,
+        is_any_greedy=greedy,
+        need_top_p_sampling=need_top_p,
+        need_top_k_sampling=need_top_k,
+        need_min_p_sampling=need_min_p,
+        vocab_size=vocab_size,
+        sampling_seed=torch.tensor([seed_of(sp) for sp in sps], dtype=torch.int64, device=device),
+        device=device,
+    )
+
+
+def seed_of(sampling_params) -> int:
+    seed = sampling_params.sampling_seed
+    return DEFAULT_SEED if seed is None else int(seed)
+
+
+def _tolist(x):
+    return x.tolist() if hasattr(x, "tolist") else x
+
+
+def _extend_mode():
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    return ForwardMode.EXTEND

@@ -1,0 +1,93 @@
+"""Shared fixtures: a tiny random Llama and real SGLang CPU servers (started once per session)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import requests
+
+WINDOW = 8
+VERIFY_BATCH = 4
+CONTEXT = 1024
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> str:
+    from llm42.models import write_random_llama
+
+    return write_random_llama(str(tmp_path_factory.mktemp("tiny-llama")), preset="tiny", seed=0)
+
+
+def _llm42_args(rate: float = 0.0, window: int = WINDOW) -> list[str]:
+    return [
+        "--enable-llm42",
+        "--llm42-window-size", str(window),
+        "--llm42-verify-batch-size", str(VERIFY_BATCH),
+        "--llm42-inject-mismatch-rate", str(rate),
+        "--random-seed", "7",
+        "--context-length", str(CONTEXT),
+    ]
+
+
+def _start(model: str, args: list[str], name: str, tmp_path_factory):
+    from llm42.server_process import SGLangServer
+
+    log = tmp_path_factory.mktemp(name) / "server.log"
+    server = SGLangServer(model, args, log_path=str(log), startup_timeout=300)
+    server.start()
+    return server
+
+
+@pytest.fixture(scope="session")
+def llm42_server(tiny_model, tmp_path_factory):
+    server = _start(tiny_model, _llm42_args(), "llm42", tmp_path_factory)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def inject_server(tiny_model, tmp_path_factory):
+    """Same model and flags as llm42_server, but half of all windows get a forced mismatch."""
+    server = _start(tiny_model, _llm42_args(rate=0.5), "inject", tmp_path_factory)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def plain_server(tiny_model, tmp_path_factory):
+    server = _start(tiny_model, ["--random-seed", "7", "--context-length", str(CONTEXT)],
+                    "plain", tmp_path_factory)
+    yield server
+    server.stop()
+
+
+def wait_idle_and_healthy(server, timeout: float = 60.0) -> None:
+    """SGLang's strict idle leak check kills the scheduler on a leaked KV slot or request row;
+    so a server that is idle and still answers /health has leaked nothing."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            load = requests.get(server.url + "/get_load", timeout=5).json()
+            loads = load if isinstance(load, list) else [load]
+            if all(int(x.get("num_reqs", 0)) == 0 for x in loads):
+                break
+        except Exception:
+            pass
+        time.sleep(0.2)
+    time.sleep(0.5)  # several idle iterations, each running the leak check
+    r = requests.get(server.url + "/health", timeout=10)
+    assert r.status_code == 200, f"server unhealthy after test (leak check?): {r.status_code}"
+    assert server.is_running(), "SGLang server process died (see its log)"
+
+
+@pytest.fixture(autouse=True)
+def _servers_stay_clean(request):
+    yield
+    for name in ("llm42_server", "inject_server", "plain_server"):
+        if name in request.fixturenames:
+            wait_idle_and_healthy(request.getfixturevalue(name))
+
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

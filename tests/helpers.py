@@ -1,0 +1,66 @@
+"""Small HTTP helpers for the real-server tests (token ids + logprobs, compared bitwise)."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import requests
+
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog because",
+    "In a distant galaxy, the ancient robots",
+    "def fibonacci(n):",
+    "Once upon a time there was a small village where",
+    "The capital of France is",
+    "List three reasons why the sky is blue:",
+]
+
+
+def generate(url: str, text, *, det: bool | None = True, max_new_tokens: int = 24,
+             temperature: float = 0.0, seed: int | None = None, stream: bool = False,
+             extra: dict | None = None, timeout: float = 300):
+    """Native /generate; returns (token_ids, logprobs, meta_info) per prompt."""
+    sp = {"temperature": temperature, "max_new_tokens": max_new_tokens}
+    if det is not None:
+        sp["is_deterministic"] = det
+    if seed is not None:
+        sp["sampling_seed"] = seed
+    body = {"text": text, "sampling_params": sp, "return_logprob": True, "stream": stream,
+            **(extra or {})}
+    r = requests.post(url + "/generate", json=body, timeout=timeout, stream=stream)
+    r.raise_for_status()
+    if stream:
+        last, ids = None, []
+        for line in r.iter_lines():
+            if not line or not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            last = json.loads(line[6:])
+            assert "error" not in last, last
+            ids = last["output_ids"]
+        return _unpack(last, ids)
+    out = r.json()
+    if isinstance(out, list):
+        return [_unpack(o, o["output_ids"]) for o in out]
+    return _unpack(out, out["output_ids"])
+
+
+def _unpack(out: dict, ids):
+    meta = out["meta_info"]
+    lps = [t[0] for t in meta.get("output_token_logprobs", [])]
+    return list(ids), lps, meta
+
+
+def concurrently(fns):
+    with ThreadPoolExecutor(max_workers=len(fns)) as pool:
+        futures = [pool.submit(f) for f in fns]
+        return [f.result() for f in futures]
+
+
+def background_requests(url: str, n: int = 30):
+    """Normal (non-deterministic) requests of mixed prompt and output lengths."""
+    fns = []
+    for i in range(n):
+        text = " ".join(PROMPTS[(i + j) % len(PROMPTS)] for j in range(1 + i % 4))
+        fns.append(lambda t=text, k=i: generate(url, t, det=None, max_new_tokens=8 + 5 * (k % 7)))
+    return fns

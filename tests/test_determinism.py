@@ -1,0 +1,157 @@
+"""Decode-verify-rollback on a real SGLang CPU server: bitwise-identical deterministic outputs.
+
+Batching changes numerics on CPU too (different GEMM shapes), so the control test shows the
+fast path really diverges under load, and the deterministic tests show verified output does not.
+No retries anywhere: a retry would hide exactly the flake that matters.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+
+from helpers import PROMPTS, background_requests, concurrently, generate
+
+pytestmark = pytest.mark.server
+
+CASES = [
+    pytest.param(dict(temperature=0.0), id="greedy"),
+    pytest.param(dict(temperature=0.8, seed=1234), id="t0.8-seeded"),
+]
+
+
+def _det(url, prompt, **kw):
+    return generate(url, prompt, det=True, max_new_tokens=kw.pop("max_new_tokens", 28), **kw)
+
+
+def _assert_same(ref, got, what):
+    assert got[0] == ref[0], f"{what}: token ids differ\n{ref[0]}\n{got[0]}"
+    assert got[1] == ref[1], f"{what}: logprobs differ (bitwise)"
+
+
+def test_control_fast_path_diverges_under_concurrency(llm42_server):
+    """Without is_deterministic, outputs depend on what else runs (else the tests below prove
+    nothing on this machine)."""
+    url = llm42_server.url
+    solo = [generate(url, p, det=None, max_new_tokens=28) for p in PROMPTS]
+    mixed = concurrently(
+        [lambda p=p: generate(url, p, det=None, max_new_tokens=28) for p in PROMPTS]
+        + background_requests(url, 24)
+    )[: len(PROMPTS)]
+    diverged = [s[1] != m[1] or s[0] != m[0] for s, m in zip(solo, mixed)]
+    assert any(diverged), "no divergence of the fast path seen: batching was invariant here"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_alone_vs_concurrent_vs_batched(llm42_server, case):
+    url = llm42_server.url
+    refs = [_det(url, p, **case) for p in PROMPTS]
+    again = [_det(url, p, **case) for p in PROMPTS]
+    for p, r, a in zip(PROMPTS, refs, again):
+        _assert_same(r, a, f"repeat {p!r}")
+    # the same requests among 30 normal requests of mixed lengths
+    loaded = concurrently(
+        [lambda p=p: _det(url, p, **case) for p in PROMPTS] + background_requests(url, 30)
+    )[: len(PROMPTS)]
+    for p, r, got in zip(PROMPTS, refs, loaded):
+        _assert_same(r, got, f"concurrent {p!r}")
+    # all in one batched /generate call
+    batched = generate(url, PROMPTS, det=True, max_new_tokens=28,
+                       temperature=case["temperature"], seed=case.get("seed"))
+    for p, r, got in zip(PROMPTS, refs, batched):
+        _assert_same(r, got, f"batched {p!r}")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_streaming_matches_non_streaming(llm42_server, case):
+    url = llm42_server.url
+    for p in PROMPTS[:3]:
+        ref = _det(url, p, **case)
+        got = concurrently(
+            [lambda: _det(url, p, stream=True, **case)] + background_requests(url, 12)
+        )[0]
+        _assert_same(ref, got, f"streamed {p!r}")
+
+
+def _stream_chunks(url, path, body):
+    r = requests.post(url + path, json={**body, "stream": True}, stream=True, timeout=300)
+    assert r.status_code == 200, r.text
+    chunks = []
+    for line in r.iter_lines():
+        if line.startswith(b"data: ") and line != b"data: [DONE]":
+            chunks.append(json.loads(line[6:]))
+    return chunks
+
+
+def test_openai_endpoints_reproducible(llm42_server):
+    url = llm42_server.url
+    comp = {"model": "default", "prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0.8,
+            "seed": 99, "logprobs": 2, "is_deterministic": True}
+    chat = {"model": "default", "messages": [{"role": "user", "content": PROMPTS[3]}],
+            "max_tokens": 24, "temperature": 0.8, "seed": 5, "logprobs": True,
+            "top_logprobs": 2, "is_deterministic": True}
+
+    def run_completion():
+        out = requests.post(url + "/v1/completions", json=comp, timeout=300).json()
+        c = out["choices"][0]
+        return c["text"], c["logprobs"], out["usage"]["completion_tokens"]
+
+    def run_chat():
+        out = requests.post(url + "/v1/chat/completions", json=chat, timeout=300).json()
+        c = out["choices"][0]
+        return c["message"]["content"], c["logprobs"], out["usage"]["completion_tokens"]
+
+    ref_c, ref_chat = run_completion(), run_chat()
+    loaded = concurrently([run_completion, run_chat] + background_requests(url, 20))
+    assert loaded[0] == ref_c and loaded[1] == ref_chat
+    # streamed chat: the concatenated deltas are the non-streamed text
+    chunks = _stream_chunks(url, "/v1/chat/completions", chat)
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == ref_chat[0]
+
+
+def test_injected_mismatches_roll_back_without_changing_output(llm42_server, inject_server):
+    """Rate 0.5 forces rollbacks in about half of all windows; output is that of rate 0."""
+    requests.post(inject_server.url + "/reset_llm42_stats", timeout=30)
+    for case in (dict(temperature=0.0), dict(temperature=0.8, seed=77)):
+        for p in PROMPTS:
+            clean = _det(llm42_server.url, p, **case)
+            faulty = _det(inject_server.url, p, **case)
+            _assert_same(clean, faulty, f"injected {p!r} {case}")
+    stats = requests.get(inject_server.url + "/llm42_stats", timeout=30).json()
+    assert stats["rollbacks"] > 0 and stats["injected_mismatches"] > 0, stats
+    assert stats["tokens_rolled_back"] > 0 and stats["recompute_pct"] > 0
+
+
+def test_finish_inside_a_window(llm42_server):
+    """max_new_tokens that is not a multiple of W, and stop strings, cut the last window short."""
+    url = llm42_server.url
+    for n in (1, 2, 9, 13):
+        ids, lps, meta = _det(url, PROMPTS[1], max_new_tokens=n)
+        assert len(ids) == n == meta["completion_tokens"] and len(lps) == n
+    ref = _det(url, PROMPTS[2], max_new_tokens=30)
+    with_stop = generate(url, PROMPTS[2], det=True, max_new_tokens=30,
+                         extra={"sampling_params": {"max_new_tokens": 30, "temperature": 0,
+                                                    "is_deterministic": True,
+                                                    "stop_token_ids": [ref[0][10]]}})
+    assert with_stop[0] == ref[0][: ref[0].index(ref[0][10]) + 1]
+
+
+def test_abort_mid_window_frees_everything(llm42_server):
+    """An aborted deterministic request leaves no KV behind (checked by the autouse fixture)."""
+    url = llm42_server.url
+    r = requests.post(url + "/generate", json={
+        "text": PROMPTS[0], "rid": "llm42-abort-me", "stream": True,
+        "sampling_params": {"max_new_tokens": 400, "is_deterministic": True, "ignore_eos": True},
+    }, stream=True, timeout=300)
+    seen = 0
+    for line in r.iter_lines():
+        if line.startswith(b"data: {"):
+            seen += 1
+            if seen == 3:
+                requests.post(url + "/abort_request", json={"rid": "llm42-abort-me"}, timeout=30)
+    r.close()
+    ref = _det(url, PROMPTS[0])
+    assert ref == _det(url, PROMPTS[0])

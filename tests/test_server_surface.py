@@ -1,0 +1,130 @@
+"""The user-facing surface on a real SGLang CPU server: flags, the request field, errors, stats."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import requests
+
+from helpers import generate
+from llm42.server_process import cpu_server_env
+
+pytestmark = pytest.mark.server
+
+
+def _launch(args: list[str], timeout: int = 180) -> subprocess.CompletedProcess:
+    env = {**__import__("os").environ, **cpu_server_env()}
+    return subprocess.run(
+        [sys.executable, "-m", "sglang.launch_server", *args],
+        capture_output=True, text=True, timeout=timeout, env=env,
+    )
+
+
+def test_flags_in_launch_server_help():
+    out = _launch(["--help"]).stdout
+    for flag in ("--enable-llm42", "--llm42-window-size", "--llm42-verify-batch-size",
+                 "--llm42-inject-mismatch-rate", "--llm42-skip-compare"):
+        assert flag in out, f"{flag} missing from launch_server --help"
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--llm42-window-size", "0"], "--llm42-window-size"),  # zero window
+        (["--llm42-window-size", "-3"], "--llm42-window-size"),  # negative window
+        (["--llm42-verify-batch-size", "0"], "--llm42-verify-batch-size"),  # empty pass
+        (["--llm42-window-size", "512", "--context-length", "256"], "context"),  # W > context
+        (["--llm42-inject-mismatch-rate", "1.5"], "--llm42-inject-mismatch-rate"),  # not a prob.
+    ],
+)
+def test_bad_flag_values_stop_the_launch(tiny_model, args, needle):
+    res = _launch(["--model-path", tiny_model, "--device", "cpu", "--attention-backend",
+                   "torch_native", "--max-total-tokens", "4096", "--enable-llm42", *args])
+    assert res.returncode != 0, "launch with a bad llm42 flag must fail"
+    assert "llm42: error" in res.stderr and needle in res.stderr, res.stderr[-2000:]
+
+
+ENDPOINTS = ["generate", "completions", "chat"]
+
+
+def _post(url: str, endpoint: str, value, **kw):
+    if endpoint == "generate":
+        sp = {"max_new_tokens": 4, "temperature": 0, "is_deterministic": value}
+        return requests.post(url + "/generate", json={"text": "Hello", "sampling_params": sp}, **kw)
+    body = {"model": "default", "max_tokens": 4, "temperature": 0, "is_deterministic": value}
+    if endpoint == "completions":
+        return requests.post(url + "/v1/completions", json={**body, "prompt": "Hello"}, **kw)
+    return requests.post(url + "/v1/chat/completions",
+                         json={**body, "messages": [{"role": "user", "content": "Hello"}]}, **kw)
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_is_deterministic_accepted_on_every_endpoint(llm42_server, endpoint):
+    r = _post(llm42_server.url, endpoint, True, timeout=120)
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+@pytest.mark.parametrize("value", ["true", 1, None, [True], {"a": 1}])
+def test_non_boolean_is_rejected_with_400(llm42_server, endpoint, value):
+    r = _post(llm42_server.url, endpoint, value, timeout=60)
+    assert r.status_code == 400, r.text
+    assert "is_deterministic" in r.text
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_deterministic_without_enable_flag_is_400(plain_server, endpoint):
+    r = _post(plain_server.url, endpoint, True, timeout=60)
+    assert r.status_code == 400, r.text
+    assert "--enable-llm42" in r.text
+    # false is harmless on any server
+    assert _post(plain_server.url, endpoint, False, timeout=60).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        ({"frequency_penalty": 0.5}, "frequency_penalty"),
+        ({"min_p": 0.1}, "min_p"),
+        ({"json_schema": '{"type": "object"}'}, "json_schema"),
+        ({"n": 2}, "n > 1"),
+    ],
+)
+def test_unsupported_features_are_rejected_for_deterministic(llm42_server, extra, needle):
+    sp = {"max_new_tokens": 4, "is_deterministic": True, **extra}
+    r = requests.post(llm42_server.url + "/generate",
+                      json={"text": "Hello", "sampling_params": sp}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert needle in r.text
+
+
+def test_normal_requests_unchanged_with_llm42_on(llm42_server, plain_server):
+    """A normal request, sent alone, is bitwise identical with and without --enable-llm42."""
+    for prompt in ["The capital of France is", "def add(a, b):"]:
+        on = generate(llm42_server.url, prompt, det=None, max_new_tokens=16)
+        off = generate(plain_server.url, prompt, det=None, max_new_tokens=16)
+        assert on[0] == off[0] and on[1] == off[1], prompt
+        assert "llm42_verify_passes" not in on[2], "normal requests are never verified"
+
+
+def test_stats_endpoint_and_reset(llm42_server):
+    url = llm42_server.url
+    assert requests.post(url + "/reset_llm42_stats", timeout=30).json()["success"]
+    generate(url, "Count with me: one two three", det=True, max_new_tokens=20)
+    stats = requests.get(url + "/llm42_stats", timeout=30).json()
+    assert stats["enabled"] and stats["window_size"] == 8 and stats["verify_batch_size"] == 4
+    assert stats["verify_passes"] >= 1 and stats["verified_tokens"] >= 1
+    assert stats["padded_rows"] >= 3  # one request per pass, B = 4
+    requests.post(url + "/reset_llm42_stats", timeout=30)
+    assert requests.get(url + "/llm42_stats", timeout=30).json()["verify_passes"] == 0
+
+
+def test_per_request_meta_info(llm42_server):
+    _, _, meta = generate(llm42_server.url, "Tell me a story about", det=True,
+                          max_new_tokens=20)
+    # 19 candidates after the prefill's token, W = 8: windows [1,9), [9,17), [17,20)
+    assert meta["llm42_verify_passes"] >= 3
+    assert meta["llm42_rollbacks"] >= 0 and meta["llm42_tokens_rolled_back"] >= 0
+    assert meta["completion_tokens"] == 20
