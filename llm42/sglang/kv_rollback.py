@@ -7,8 +7,10 @@ next decode input. Truncating the output to n' tokens frees the slots
 
     req_to_token[row, P+n'-1 : P+n-1)        (n - n' slots, half-open)
 
-and shrinks every length by that count. The next decode input (relayed through
-`future_map.output_tokens_buf[row]`) becomes the new last token.
+and shrinks every length by that count. A verifier correction keeps o_0 .. o_{m-1} and puts the
+corrected token at m (`replace_tail`): n' = m + 1, so the freed slots are [P+m, P+n-1) and the
+KV of o_{m-1} stays. The next decode input (relayed through `future_map.output_tokens_buf[row]`)
+becomes the new last token.
 """
 
 from __future__ import annotations
@@ -56,11 +58,18 @@ def truncate_output(
     return num_freed
 
 
-def append_token(scheduler: Scheduler, req: Req, token_id: int) -> None:
-    """Append the verifier's corrected token; it is the next decode input, so no KV yet."""
-    req.output_ids.append(token_id)
-    if req.req_pool_idx is not None and not req.finished():
+def replace_tail(
+    scheduler: Scheduler, req: Req, index: int, token_id: int, batch: ScheduleBatch | None
+) -> int:
+    """Keep output [0, index), put `token_id` at `index`; return the number of freed KV slots.
+
+    Implemented as truncation to index + 1 (keeping the KV of o_{index-1}) and an overwrite of
+    the last token, which has no KV yet: it is the next decode input."""
+    num_freed = truncate_output(scheduler, req, index + 1, batch)
+    req.output_ids[index] = token_id
+    if req.req_pool_idx is not None:
         scheduler.future_map.output_tokens_buf[req.req_pool_idx] = token_id
+    return num_freed
 
 
 def _shrink_batch_row(batch: ScheduleBatch, req: Req, num: int) -> None:

@@ -10,6 +10,7 @@ instead of running on unknown code.
 from __future__ import annotations
 
 import logging
+import os
 
 from llm42.sglang import manifest
 
@@ -26,6 +27,12 @@ _CLI_TARGETS = {
 def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    if _cpu_engine():
+        # SGLang's seeded sampler is torch.compile'd; on CPU-only hosts inductor picks up the
+        # GPU-less triton that xgrammar pulls in and fails. Eager mode computes the same values.
+        # Set before the scheduler subprocess is spawned, which imports torch afresh.
+        os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
+
     version = manifest.installed_sglang_version()
     try:
         specs = manifest.load_manifest(version)
@@ -40,13 +47,24 @@ def register() -> None:
         logger.error("llm42 disabled: sglang %s does not match patches/: %s", version, problems)
         specs = [s for s in specs if s.target in _CLI_TARGETS]
 
-    types = {"before": HookType.BEFORE, "after": HookType.AFTER, "around": HookType.AROUND}
+    types = {
+        "before": HookType.BEFORE,
+        "after": HookType.AFTER,
+        "around": HookType.AROUND,
+        "replace_on_cpu": HookType.REPLACE,
+    }
     for spec in specs:
+        if spec.type == "replace_on_cpu" and not _cpu_engine():
+            continue
         hook = manifest.resolve_hook(spec)
         if spec.type == "property":
             _patch_property(spec.target, hook)
         else:
             HookRegistry.register(spec.target, hook, types[spec.type])
+
+
+def _cpu_engine() -> bool:
+    return os.environ.get("SGLANG_USE_CPU_ENGINE") == "1"
 
 
 def _cli_hook_name(target: str) -> str:
@@ -77,6 +95,8 @@ def assert_hooks_applied() -> None:
 
     missing = []
     for spec in manifest.load_manifest(manifest.installed_sglang_version()):
+        if spec.type == "replace_on_cpu" and not _cpu_engine():
+            continue
         owner_path, attr = spec.target.rsplit(".", 1)
         owner = pkgutil.resolve_name(owner_path)
         raw = owner.__dict__.get(attr) if isinstance(owner, type) else getattr(owner, attr)

@@ -250,8 +250,9 @@ def _apply(rt, processor, batch, result, req, res: verifier.RowResult) -> None:
         injected_index=injected,
     )
     if decision.is_rollback:
-        kv_rollback.truncate_output(sched, req, decision.mismatch_index, batch)
-        kv_rollback.append_token(sched, req, decision.corrected_token_id)
+        kv_rollback.replace_tail(
+            sched, req, decision.mismatch_index, decision.corrected_token_id, batch
+        )
     if req.return_logprob:
         _write_verified_logprobs(req, res, u, decision.new_num_verified, start)
     state.apply(decision)

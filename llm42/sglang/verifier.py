@@ -16,7 +16,6 @@ import copy
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import torch
@@ -29,7 +28,16 @@ if TYPE_CHECKING:
     from sglang.srt.managers.scheduler import Scheduler
 
 DEFAULT_SEED = 42  # SGLang's own default sampling_seed
-_PAD_REQ = SimpleNamespace(rid="llm42-pad", lora_id=None)
+class _PadReq:
+    """Stands in for the Req of a dummy row: SGLang reads optional per-request fields from it."""
+
+    rid = "llm42-pad"
+
+    def __getattr__(self, name):
+        return None
+
+
+_PAD_REQ = _PadReq()
 
 
 @dataclass
