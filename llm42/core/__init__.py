@@ -1,0 +1,29 @@
+"""Engine-agnostic llm42 core: window state, decisions, planning, injection, statistics.
+
+Pure Python (no sglang, torch or numpy), so its tests run in milliseconds.
+
+    from llm42.core import DetRequestState, decide, build_row, plan_passes
+"""
+
+from llm42.core.config import Llm42Config
+from llm42.core.decision import PAD_TOKEN_ID, VerifyDecision, decide
+from llm42.core.errors import InvariantError
+from llm42.core.injection import MismatchInjector
+from llm42.core.planner import VerifyPass, VerifyRow, build_row, plan_passes
+from llm42.core.stats import Llm42Stats
+from llm42.core.window import DetRequestState
+
+__all__ = [
+    "PAD_TOKEN_ID",
+    "DetRequestState",
+    "InvariantError",
+    "Llm42Config",
+    "Llm42Stats",
+    "MismatchInjector",
+    "VerifyDecision",
+    "VerifyPass",
+    "VerifyRow",
+    "build_row",
+    "decide",
+    "plan_passes",
+]

@@ -1,0 +1,39 @@
+"""llm42 settings as parsed from the server flags, validated with messages that name the flag.
+
+The adapter builds one from the parsed flags and validates it before the scheduler starts:
+
+    config = Llm42Config(window_size=args.llm42_window_size, verify_batch_size=8)
+    config.validate(context_length=model_config.context_len)  # ValueError on bad flags
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Llm42Config:
+    window_size: int = 64  # --llm42-window-size
+    verify_batch_size: int = 8  # --llm42-verify-batch-size
+    inject_mismatch_rate: float = 0.0  # --llm42-inject-mismatch-rate
+    skip_compare: bool = False  # --llm42-skip-compare
+    seed: int = 0  # seeds the mismatch injector
+
+    def validate(self, context_length: int | None = None) -> None:
+        """Raise ``ValueError`` saying which flag is wrong, what was found and what to pass."""
+        if self.window_size < 1:
+            raise ValueError(f"--llm42-window-size must be >= 1, got {self.window_size}")
+        if context_length is not None and self.window_size > context_length:
+            raise ValueError(
+                f"--llm42-window-size must be <= the model context length, got "
+                f"{self.window_size} but the context length found is {context_length}; "
+                f"pass --llm42-window-size {min(64, context_length)} or smaller"
+            )
+        if self.verify_batch_size < 1:
+            raise ValueError(
+                f"--llm42-verify-batch-size must be >= 1, got {self.verify_batch_size}"
+            )
+        if not 0.0 <= self.inject_mismatch_rate <= 1.0:  # also rejects NaN
+            raise ValueError(
+                f"--llm42-inject-mismatch-rate must be in [0, 1], got {self.inject_mismatch_rate}"
+            )

@@ -1,0 +1,144 @@
+"""Fixed-shape verification plans: rows of W tokens grouped into passes of exactly B rows.
+
+A fixed (B, W) shape lets the verifier run one captured graph / one batch-invariant kernel
+configuration for every pass, so its numerics never depend on how many requests were ready.
+
+    rows = [build_row(state, output_ids) for state, output_ids in ready]
+    for verify_pass in plan_passes(rows, batch_size=8, window_size=64): run(verify_pass)
+
+Layout of one pass (B = 3, W = 4, two real rows):
+
+    row 0   input_ids [t t t PAD]   positions [P0+kW, P0+kW+4)   prefix KV [0, P0+kW)
+    row 1   input_ids [t t t t  ]   positions [P1+kW, P1+kW+4)   prefix KV [0, P1+kW)
+    row 2   input_ids [PAD x 4  ]   positions [0, 4)             prefix KV [0, 0)   is_pad
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from llm42.core.decision import PAD_TOKEN_ID
+from llm42.core.errors import InvariantError
+from llm42.core.window import DetRequestState
+
+
+@dataclass(frozen=True)
+class VerifyRow:
+    """One request's verification row; real entries [0, num_real), padding [num_real, W)."""
+
+    rid: str
+    input_ids: tuple[int, ...]  # [W]
+    positions: tuple[int, ...]  # [W], increasing, continued past num_real
+    prefix_len: int
+    num_real: int
+    is_pad: bool = False
+
+    def __post_init__(self) -> None:
+        window_size = len(self.input_ids)
+        if len(self.positions) != window_size:
+            raise InvariantError(
+                f"{self.rid}: {window_size} input ids but {len(self.positions)} positions"
+            )
+        if not 0 <= self.num_real <= window_size:
+            raise InvariantError(f"{self.rid}: num_real {self.num_real} outside [0, {window_size}]")
+        if self.is_pad != (self.num_real == 0):
+            raise InvariantError(f"{self.rid}: pad rows and only pad rows have num_real == 0")
+        if any(token_id != PAD_TOKEN_ID for token_id in self.input_ids[self.num_real :]):
+            raise InvariantError(f"{self.rid}: entries from num_real on must be PAD_TOKEN_ID")
+
+    @property
+    def window_size(self) -> int:
+        return len(self.input_ids)
+
+    @classmethod
+    def pad(cls, window_size: int) -> VerifyRow:
+        """A dummy row: all PAD_TOKEN_ID, positions [0, W), empty prefix, marked ``is_pad``."""
+        return cls(
+            rid="",
+            input_ids=(PAD_TOKEN_ID,) * window_size,
+            positions=tuple(range(window_size)),
+            prefix_len=0,
+            num_real=0,
+            is_pad=True,
+        )
+
+
+def build_row(state: DetRequestState, output_ids: Sequence[int]) -> VerifyRow:
+    """Row of window k: inputs o[kW, kW + num_real) then padding, positions [P + kW, P + kW + W)."""
+    if len(output_ids) != state.num_output_tokens:
+        raise InvariantError(
+            f"{state.rid}: state has {state.num_output_tokens} output tokens, "
+            f"list has {len(output_ids)}"
+        )
+    if state.num_compare_tokens == 0:
+        raise InvariantError(
+            f"{state.rid}: nothing to verify (verified={state.num_verified_tokens}, "
+            f"output={state.num_output_tokens})"
+        )
+    start, num_real = state.window_start, state.num_real_entries
+    real_ids = tuple(output_ids[start : start + num_real])
+    return VerifyRow(
+        rid=state.rid,
+        input_ids=real_ids + (PAD_TOKEN_ID,) * (state.window_size - num_real),
+        positions=tuple(state.row_positions),
+        prefix_len=state.prefix_len,
+        num_real=num_real,
+    )
+
+
+@dataclass(frozen=True)
+class VerifyPass:
+    """Exactly ``batch_size`` rows of ``window_size`` entries: real rows first, then pad rows."""
+
+    rows: tuple[VerifyRow, ...]  # [B]
+    batch_size: int
+    window_size: int
+
+    def __post_init__(self) -> None:
+        if len(self.rows) != self.batch_size:
+            raise InvariantError(f"pass has {len(self.rows)} rows, expected {self.batch_size}")
+        if any(row.window_size != self.window_size for row in self.rows):
+            raise InvariantError(f"every row of a pass must have {self.window_size} entries")
+        is_pad = [row.is_pad for row in self.rows]
+        if is_pad != sorted(is_pad):
+            raise InvariantError("real rows must precede pad rows")
+
+    @property
+    def real_rows(self) -> tuple[VerifyRow, ...]:
+        return self.rows[: self.num_real_rows]
+
+    @property
+    def num_real_rows(self) -> int:
+        return sum(1 for row in self.rows if not row.is_pad)
+
+    @property
+    def num_pad_rows(self) -> int:
+        return self.batch_size - self.num_real_rows
+
+    @property
+    def flat_input_ids(self) -> list[int]:
+        """[B * W] row-major input ids."""
+        return [token_id for row in self.rows for token_id in row.input_ids]
+
+    @property
+    def flat_positions(self) -> list[int]:
+        """[B * W] row-major absolute positions."""
+        return [position for row in self.rows for position in row.positions]
+
+
+def plan_passes(rows: Sequence[VerifyRow], batch_size: int, window_size: int) -> list[VerifyPass]:
+    """Split ``rows`` in order into passes of ``batch_size``; pad the last one with dummy rows."""
+    if batch_size < 1 or window_size < 1:
+        raise InvariantError(
+            f"batch_size and window_size must be >= 1, got {batch_size}, {window_size}"
+        )
+    rids = [row.rid for row in rows]
+    if any(row.is_pad for row in rows) or len(set(rids)) != len(rids):
+        raise InvariantError(f"expected one real row per request, found rids {rids}")
+    passes = []
+    for start in range(0, len(rows), batch_size):
+        chunk = tuple(rows[start : start + batch_size])
+        pad_rows = (VerifyRow.pad(window_size),) * (batch_size - len(chunk))
+        passes.append(VerifyPass(chunk + pad_rows, batch_size, window_size))
+    return passes

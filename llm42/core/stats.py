@@ -1,0 +1,70 @@
+"""Engine-wide llm42 counters, fed by ``observe_*()`` calls, read as a flat dict.
+
+    stats.observe_pass(verify_pass.num_real_rows, verify_pass.num_pad_rows, seconds)
+    stats.observe_decision(decision); stats.snapshot()["recompute_pct"]
+
+Pad rows only ever reach ``padded_rows``: they never count as verified rows or tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llm42.core.decision import VerifyDecision
+
+
+@dataclass(eq=False)
+class Llm42Stats:
+    verify_passes: int = 0
+    verify_rows: int = 0  # real rows only
+    padded_rows: int = 0
+    verified_tokens: int = 0  # committed through verification: accepted + corrected tokens
+    rollbacks: int = 0
+    tokens_rolled_back: int = 0
+    injected_mismatches: int = 0
+    inconsistent_tokens: int = 0
+    verify_time_s: float = 0.0
+    det_requests_finished: int = 0
+
+    def observe_pass(self, num_real_rows: int, num_pad_rows: int, seconds: float) -> None:
+        self.verify_passes += 1
+        self.verify_rows += num_real_rows
+        self.padded_rows += num_pad_rows
+        self.verify_time_s += seconds
+
+    def observe_decision(self, decision: VerifyDecision) -> None:
+        self.verified_tokens += decision.num_committed
+        self.inconsistent_tokens += decision.num_inconsistent
+        if decision.is_rollback:
+            self.rollbacks += 1
+            self.tokens_rolled_back += decision.num_rejected
+        if decision.injected:
+            self.injected_mismatches += 1
+
+    def observe_finished(self) -> None:
+        self.det_requests_finished += 1
+
+    @property
+    def recompute_pct(self) -> float:
+        """Share of decoded candidates thrown away: rolled back / (verified + rolled back)."""
+        total = max(1, self.verified_tokens + self.tokens_rolled_back)
+        return 100.0 * self.tokens_rolled_back / total
+
+    def snapshot(self) -> dict[str, int | float]:
+        return {
+            "verify_passes": self.verify_passes,
+            "verify_rows": self.verify_rows,
+            "padded_rows": self.padded_rows,
+            "verified_tokens": self.verified_tokens,
+            "rollbacks": self.rollbacks,
+            "tokens_rolled_back": self.tokens_rolled_back,
+            "injected_mismatches": self.injected_mismatches,
+            "inconsistent_tokens": self.inconsistent_tokens,
+            "recompute_pct": self.recompute_pct,
+            "verify_time_s": self.verify_time_s,
+            "det_requests_finished": self.det_requests_finished,
+        }
+
+    def reset(self) -> None:
+        fresh = Llm42Stats()
+        self.__dict__.update(fresh.__dict__)

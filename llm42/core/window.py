@@ -1,0 +1,230 @@
+"""Per-request verification-window state of one deterministic request (counters only).
+
+The adapter owns the token list; this state owns the arithmetic that says which of those tokens
+are verified, which window the next verification pass replays and when it is ready.
+
+    state = DetRequestState(rid="r1", window_size=4, num_prompt_tokens=10)
+    state.on_first_token(); state.append_candidates(4); assert state.is_ready
+
+Output indices (W = 4, u = num_verified_tokens = 6, n = num_output_tokens = 11):
+
+    index     0   1   2   3   4   5   6   7   8   9   10
+              [ verified              )[ candidates            )      [0, u) and [u, n)
+    window    k = (u - 1) // W = 1, candidates [kW+1, (k+1)W+1) = [5, 9), e = 9
+    row       inputs o[kW, kW+num_real) = o[4, 8) at positions [P+4, P+8), prefix KV [0, P+4)
+    compared  [u, min(n, e)) = [6, 9); entry j of the row predicts output index kW+1+j
+    beyond    [e, n) = [9, 11): kept when the window is accepted, dropped on a rollback
+
+Windows stay aligned to multiples of W, also after a rollback, so the verifier always sees the
+same (prefix, row) split for the same request. Entries of the row before u (here index 5) are
+re-run but never compared against the committed token; a difference there is only counted as
+verifier inconsistency (``VerifyDecision.num_inconsistent``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from llm42.core.errors import InvariantError
+
+if TYPE_CHECKING:
+    from llm42.core.decision import VerifyDecision
+
+
+@dataclass(eq=False)
+class DetRequestState:
+    """Verification counters of one deterministic request; mutate only through the events.
+
+    Invariants (checked after construction and after every event):
+      * ``window_size >= 1`` and ``num_prompt_tokens >= 0``;
+      * ``0 <= num_verified_tokens <= num_output_tokens``;
+      * ``num_verified_tokens == 0`` exactly when ``num_output_tokens == 0`` (o_0 is verified
+        as soon as it exists, it comes from the deterministic prefill);
+      * all per-request counters are >= 0 and ``num_rollbacks <= num_verify_passes``.
+    """
+
+    rid: str
+    window_size: int
+    num_prompt_tokens: int
+    num_verified_tokens: int = 0
+    num_output_tokens: int = 0
+    num_verify_passes: int = 0
+    num_rollbacks: int = 0
+    num_tokens_rolled_back: int = 0
+    is_finishing: bool = False
+
+    def __post_init__(self) -> None:
+        self._check_invariants()
+
+    # ------------------------------------------------------------------ derived quantities
+
+    @property
+    def num_candidate_tokens(self) -> int:
+        """Unverified output tokens [u, n): never published, never prefix-cached."""
+        return self.num_output_tokens - self.num_verified_tokens
+
+    @property
+    def is_fully_verified(self) -> bool:
+        """True when every output token is verified (a finishing request may then finish)."""
+        return self.num_candidate_tokens == 0
+
+    @property
+    def window_index(self) -> int:
+        """k = (u - 1) // W: the window holding the first unverified output index u."""
+        return max(self.num_verified_tokens - 1, 0) // self.window_size
+
+    @property
+    def window_start(self) -> int:
+        """kW: output index of the row's first input token (the last token of window k-1)."""
+        return self.window_index * self.window_size
+
+    @property
+    def window_end(self) -> int:
+        """e = (k + 1)W + 1: exclusive end of window k's candidates, as an output index."""
+        return self.window_start + self.window_size + 1
+
+    @property
+    def compare_end(self) -> int:
+        """min(n, e): exclusive end of the compared candidates [u, min(n, e))."""
+        return min(self.num_output_tokens, self.window_end)
+
+    @property
+    def num_compare_tokens(self) -> int:
+        """How many candidates the next pass compares (0 when there is nothing to verify)."""
+        return max(self.compare_end - self.num_verified_tokens, 0)
+
+    @property
+    def is_ready(self) -> bool:
+        """Window full (n >= e), or finishing with at least one candidate (n > u)."""
+        if self.num_output_tokens == 0:
+            return False
+        if self.num_output_tokens >= self.window_end:
+            return True
+        return self.is_finishing and self.num_candidate_tokens > 0
+
+    @property
+    def num_real_entries(self) -> int:
+        """min(n, e) - 1 - kW real row entries; the rest of the W entries are padding."""
+        return max(self.compare_end - 1 - self.window_start, 0)
+
+    @property
+    def prefix_len(self) -> int:
+        """P + kW: the row attends to the committed prefix KV [0, P + kW)."""
+        return self.num_prompt_tokens + self.window_start
+
+    @property
+    def row_positions(self) -> list[int]:
+        """Absolute positions [P + kW, P + kW + W) of all W row entries, padding included."""
+        return list(range(self.prefix_len, self.prefix_len + self.window_size))
+
+    def row_input_indices(self) -> list[int]:
+        """Output indices [kW, kW + num_real) whose tokens are the row's real inputs."""
+        return list(range(self.window_start, self.window_start + self.num_real_entries))
+
+    # ------------------------------------------------------------------ events
+
+    def on_first_token(self) -> None:
+        """The deterministic prefill produced o_0: it is output and verified at once."""
+        if self.num_output_tokens != 0:
+            raise InvariantError(
+                f"{self.rid}: on_first_token() expects no output yet, "
+                f"found {self.num_output_tokens} output tokens"
+            )
+        self.num_output_tokens = 1
+        self.num_verified_tokens = 1
+        self._check_invariants()
+
+    def append_candidates(self, num_tokens: int = 1) -> None:
+        """The fast (non-deterministic) decode path appended ``num_tokens`` candidates."""
+        if num_tokens < 0:
+            raise InvariantError(f"{self.rid}: cannot append {num_tokens} candidates")
+        if self.num_output_tokens == 0:
+            raise InvariantError(
+                f"{self.rid}: append_candidates() before on_first_token(): o_0 must come "
+                "from the deterministic prefill"
+            )
+        self.num_output_tokens += num_tokens
+        self._check_invariants()
+
+    def mark_finishing(self) -> None:
+        """EOS / stop / max tokens seen: verify the partial window instead of waiting for W."""
+        self.is_finishing = True
+
+    def clear_finishing(self) -> None:
+        """The finishing token was rolled back or dropped: decode on."""
+        self.is_finishing = False
+
+    def apply(self, decision: VerifyDecision) -> None:
+        """Apply a verification result computed by ``decide()`` for this very state.
+
+        Accept:   [0, u) verified + [u, min(n, e)) accepted      -> u' = min(n, e), n' = n
+        Rollback: [0, u) + [u, m) accepted + corrected token at m -> u' = n' = m + 1
+        A rollback also clears ``is_finishing``: the token that finished the request may be gone,
+        so the adapter re-checks the finish condition on the corrected token.
+        """
+        u, n = self.num_verified_tokens, self.num_output_tokens
+        base_verified = decision.new_num_verified - decision.num_committed
+        base_output = decision.new_num_output_tokens + decision.num_rejected
+        if decision.is_rollback:
+            base_output -= 1  # the corrected token replaced the mismatched one
+        if (base_verified, base_output) != (u, n):
+            raise InvariantError(
+                f"{self.rid}: stale decision, computed for (verified={base_verified}, "
+                f"output={base_output}) but the state is (verified={u}, output={n})"
+            )
+        self.num_verify_passes += 1
+        if decision.is_rollback:
+            self.num_rollbacks += 1
+            self.num_tokens_rolled_back += decision.num_rejected
+            self.is_finishing = False
+        self.num_verified_tokens = decision.new_num_verified
+        self.num_output_tokens = decision.new_num_output_tokens
+        self._check_invariants()
+
+    def rollback_unverified(self) -> int:
+        """Drop all candidates [u, n) (abort, retraction); return how many were dropped.
+
+        Not counted as a rollback: no mismatch was seen, the candidates are simply discarded.
+        """
+        num_dropped = self.num_candidate_tokens
+        self.num_output_tokens = self.num_verified_tokens
+        self.is_finishing = False
+        self._check_invariants()
+        return num_dropped
+
+    def reset_for_retract(self) -> int:
+        """Retraction: keep [0, u), drop the candidates; return how many were dropped.
+
+        The adapter truncates its output list to u. The token produced by the later re-prefill is
+        a candidate (``append_candidates``), not a verified token: only the aligned verifier row
+        decides what follows u, so a retraction never changes the result.
+        """
+        return self.rollback_unverified()
+
+    # ------------------------------------------------------------------ invariants
+
+    def _check_invariants(self) -> None:
+        u, n = self.num_verified_tokens, self.num_output_tokens
+        if self.window_size < 1:
+            raise InvariantError(f"{self.rid}: window_size must be >= 1, found {self.window_size}")
+        if self.num_prompt_tokens < 0:
+            raise InvariantError(
+                f"{self.rid}: num_prompt_tokens must be >= 0, found {self.num_prompt_tokens}"
+            )
+        if not 0 <= u <= n:
+            raise InvariantError(f"{self.rid}: expected 0 <= verified <= output, found {u}, {n}")
+        if (u == 0) != (n == 0):
+            raise InvariantError(
+                f"{self.rid}: o_0 is verified as soon as it exists, found verified={u}, output={n}"
+            )
+        counters = (self.num_verify_passes, self.num_rollbacks, self.num_tokens_rolled_back)
+        if min(counters) < 0:
+            raise InvariantError(
+                f"{self.rid}: counters must be >= 0, found passes/rollbacks/rolled back {counters}"
+            )
+        if self.num_rollbacks > self.num_verify_passes:
+            raise InvariantError(
+                f"{self.rid}: each rollback comes from one verify pass, found "
+                f"{self.num_rollbacks} rollbacks > {self.num_verify_passes} passes"
+            )

@@ -1,0 +1,207 @@
+"""Randomized decode-verify-rollback simulation: verified output always equals the reference.
+
+A fake engine drives several requests through the core exactly as the adapter does: a "fast path"
+decodes candidates that are sometimes wrong, a deterministic fake verifier replays the planned
+(B, W) passes, and ``decide`` / ``apply`` commit or roll back. The reference sequence of a request
+is what a fully deterministic run produces; committed tokens must always be a prefix of it.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llm42.core import (
+    PAD_TOKEN_ID,
+    DetRequestState,
+    Llm42Stats,
+    MismatchInjector,
+    VerifyPass,
+    build_row,
+    decide,
+    plan_passes,
+)
+
+VOCAB = 17
+EOS = 0
+P = 5
+
+
+def true_next_token(reference: list[int], prefix: list[int]) -> int:
+    """The deterministic model: the reference on the reference path, a hash off it."""
+    if len(prefix) < len(reference) and prefix == reference[: len(prefix)]:
+        return reference[len(prefix)]
+    return (sum((i + 3) * t for i, t in enumerate(prefix)) * 31 + len(prefix)) % VOCAB
+
+
+@dataclass(eq=False)
+class SimRequest:
+    state: DetRequestState
+    reference: list[int]
+    max_tokens: int
+    output_ids: list[int] = field(default_factory=list)
+    is_done: bool = False
+
+    def refresh_finishing(self) -> None:
+        """What the adapter does after each event: EOS or max tokens mark the request finishing."""
+        is_finished = self.output_ids[-1] == EOS or len(self.output_ids) >= self.max_tokens
+        if is_finished:
+            self.state.mark_finishing()
+        else:
+            self.state.clear_finishing()
+        self.is_done = is_finished and self.state.is_fully_verified
+
+
+def make_request(index: int, rng: random.Random, window_size: int) -> SimRequest:
+    length = rng.randint(1, 40)
+    reference = [rng.randrange(1, VOCAB) for _ in range(length)]
+    ends_with_eos = rng.random() < 0.5
+    if ends_with_eos:
+        reference[-1] = EOS
+    max_tokens = length + rng.randint(0, 5) if ends_with_eos else length
+    state = DetRequestState(rid=f"r{index}", window_size=window_size, num_prompt_tokens=P)
+    return SimRequest(state=state, reference=reference, max_tokens=max_tokens)
+
+
+def fake_verifier(verify_pass: VerifyPass, requests: dict[str, SimRequest]) -> list[list[int]]:
+    """[B][W] next-token predictions computed only from the plan and the committed prefix KV."""
+    out = []
+    for row in verify_pass.rows:
+        if row.is_pad:
+            out.append([PAD_TOKEN_ID] * verify_pass.window_size)
+            continue
+        request = requests[row.rid]
+        prefix_ids = request.output_ids[: row.prefix_len - P]  # the KV [0, P + kW), committed
+        assert prefix_ids == request.reference[: len(prefix_ids)], "prefix KV not committed"
+        assert row.positions[0] == row.prefix_len, "row must start right after its prefix"
+        inputs = list(row.input_ids[: row.num_real])
+        out.append(
+            [
+                true_next_token(request.reference, prefix_ids + inputs[: j + 1])
+                for j in range(row.num_real)
+            ]
+            + [PAD_TOKEN_ID] * (verify_pass.window_size - row.num_real)
+        )
+    return out
+
+
+def simulate(
+    seed: int,
+    window_size: int,
+    batch_size: int,
+    num_requests: int,
+    error_rate: float,
+    inject_rate: float,
+    delay_rate: float,
+):
+    rng = random.Random(seed)
+    requests = {
+        r.state.rid: r for r in (make_request(i, rng, window_size) for i in range(num_requests))
+    }
+    injector = MismatchInjector(rate=inject_rate, seed=seed)
+    stats = Llm42Stats()
+    for request in requests.values():  # deterministic prefill: o_0 is right and verified
+        request.output_ids.append(true_next_token(request.reference, []))
+        request.state.on_first_token()
+        request.refresh_finishing()
+    for _step in range(10_000):
+        active = [r for r in requests.values() if not r.is_done]
+        if not active:
+            break
+        # 1. Fast path: every active, non-finishing request not being verified decodes one token.
+        ready = [r for r in active if r.state.is_ready and rng.random() >= delay_rate]
+        for request in active:
+            if request in ready or request.state.is_finishing:
+                continue
+            token_id = true_next_token(request.reference, request.output_ids)
+            if rng.random() < error_rate:
+                token_id = (token_id + rng.randrange(1, VOCAB)) % VOCAB
+            request.output_ids.append(token_id)
+            request.state.append_candidates()
+            request.refresh_finishing()
+        # 2. Injection into the compared candidates, then plan and run the verify passes.
+        injected: dict[str, int | None] = {}
+        for request in ready:
+            u, end = request.state.num_verified_tokens, request.state.compare_end
+            corrupted, index = injector.corrupt(request.output_ids[u:end], VOCAB, (EOS,))
+            request.output_ids[u:end] = corrupted
+            injected[request.state.rid] = None if index is None else u + index
+        rows = [build_row(r.state, r.output_ids) for r in ready]
+        for verify_pass in plan_passes(rows, batch_size, window_size):
+            stats.observe_pass(verify_pass.num_real_rows, verify_pass.num_pad_rows, 0.0)
+            verifier_rows = fake_verifier(verify_pass, requests)
+            for row, verifier_ids in zip(verify_pass.real_rows, verifier_rows, strict=False):
+                request = requests[row.rid]
+                decision = decide(
+                    request.state,
+                    request.output_ids,
+                    verifier_ids,
+                    injected_index=injected[row.rid],
+                )
+                # 3. Apply like the adapter: truncate, write the corrected token, then the state.
+                del request.output_ids[decision.new_num_output_tokens :]
+                if decision.is_rollback:
+                    request.output_ids[-1] = decision.corrected_token_id
+                request.state.apply(decision)
+                stats.observe_decision(decision)
+                committed = request.output_ids[: request.state.num_verified_tokens]
+                assert committed == request.reference[: len(committed)], (
+                    f"{row.rid}: committed {committed} is not a prefix of {request.reference}"
+                )
+                request.refresh_finishing()
+    else:
+        raise AssertionError("simulation did not terminate")
+    return requests, stats
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    window_size=st.integers(1, 8),
+    batch_size=st.integers(1, 4),
+    num_requests=st.integers(1, 5),
+    error_rate=st.sampled_from([0.0, 0.05, 0.3, 0.9]),
+    inject_rate=st.sampled_from([0.0, 0.3, 1.0]),
+    delay_rate=st.sampled_from([0.0, 0.5]),
+)
+def test_verified_output_equals_reference(
+    seed, window_size, batch_size, num_requests, error_rate, inject_rate, delay_rate
+) -> None:
+    requests, stats = simulate(
+        seed, window_size, batch_size, num_requests, error_rate, inject_rate, delay_rate
+    )
+    for rid, request in requests.items():
+        assert request.output_ids == request.reference, (
+            f"{rid}: final {request.output_ids} != reference {request.reference}"
+        )
+        state = request.state
+        assert state.num_verified_tokens == state.num_output_tokens == len(request.reference)
+    snapshot = stats.snapshot()
+    total_committed = sum(len(r.reference) - 1 for r in requests.values())  # o_0 from prefill
+    assert snapshot["verified_tokens"] == total_committed, "each committed token counted once"
+    assert snapshot["rollbacks"] == sum(r.state.num_rollbacks for r in requests.values())
+    assert snapshot["tokens_rolled_back"] == sum(
+        r.state.num_tokens_rolled_back for r in requests.values()
+    )
+    assert snapshot["inconsistent_tokens"] == 0, "the fake verifier is deterministic"
+    if error_rate == 0.0 and inject_rate == 0.0:
+        assert snapshot["rollbacks"] == 0, "a correct fast path never rolls back"
+
+
+def test_simulation_exercises_rollbacks_and_injection() -> None:
+    """Guard against a vacuous simulation: the harsh settings do roll back and inject."""
+    _, stats = simulate(
+        seed=1,
+        window_size=4,
+        batch_size=2,
+        num_requests=4,
+        error_rate=0.3,
+        inject_rate=0.5,
+        delay_rate=0.5,
+    )
+    snapshot = stats.snapshot()
+    assert snapshot["rollbacks"] > 0 and snapshot["injected_mismatches"] > 0, snapshot
+    assert snapshot["padded_rows"] > 0 and snapshot["recompute_pct"] > 0, snapshot

@@ -1,0 +1,116 @@
+"""Llm42Stats arithmetic and Llm42Config flag validation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from llm42.core import Llm42Config, Llm42Stats, VerifyDecision
+
+SNAPSHOT_KEYS = {
+    "verify_passes",
+    "verify_rows",
+    "padded_rows",
+    "verified_tokens",
+    "rollbacks",
+    "tokens_rolled_back",
+    "injected_mismatches",
+    "inconsistent_tokens",
+    "recompute_pct",
+    "verify_time_s",
+    "det_requests_finished",
+}
+
+ACCEPT = VerifyDecision(
+    num_compared=4,
+    num_accepted=4,
+    num_rejected=0,
+    corrected_token_id=None,
+    new_num_verified=5,
+    new_num_output_tokens=5,
+    mismatch_index=None,
+    num_inconsistent=1,
+)
+ROLLBACK = VerifyDecision(
+    num_compared=4,
+    num_accepted=1,
+    num_rejected=5,
+    corrected_token_id=3,
+    new_num_verified=7,
+    new_num_output_tokens=7,
+    mismatch_index=6,
+    injected=True,
+)
+
+
+def test_snapshot_keys_and_zero_state() -> None:
+    snapshot = Llm42Stats().snapshot()
+    assert set(snapshot) == SNAPSHOT_KEYS, f"unexpected keys {set(snapshot) ^ SNAPSHOT_KEYS}"
+    assert all(value == 0 for value in snapshot.values()), snapshot
+
+
+def test_stats_arithmetic() -> None:
+    stats = Llm42Stats()
+    stats.observe_pass(num_real_rows=3, num_pad_rows=5, seconds=0.25)
+    stats.observe_pass(num_real_rows=8, num_pad_rows=0, seconds=0.5)
+    stats.observe_decision(ACCEPT)  # commits 4
+    stats.observe_decision(ROLLBACK)  # commits 1 accepted + 1 corrected, drops 5
+    stats.observe_finished()
+    snapshot = stats.snapshot()
+    expected = {
+        "verify_passes": 2,
+        "verify_rows": 11,
+        "padded_rows": 5,
+        "verified_tokens": 6,
+        "rollbacks": 1,
+        "tokens_rolled_back": 5,
+        "injected_mismatches": 1,
+        "inconsistent_tokens": 1,
+        "recompute_pct": 100 * 5 / 11,
+        "verify_time_s": 0.75,
+        "det_requests_finished": 1,
+    }
+    assert snapshot == pytest.approx(expected), f"expected {expected}, found {snapshot}"
+    stats.reset()
+    assert all(value == 0 for value in stats.snapshot().values()), "reset must zero everything"
+
+
+def test_pad_rows_never_count_as_verified() -> None:
+    stats = Llm42Stats()
+    stats.observe_pass(num_real_rows=0, num_pad_rows=8, seconds=0.1)
+    snapshot = stats.snapshot()
+    assert (snapshot["verify_rows"], snapshot["verified_tokens"]) == (0, 0)
+    assert (snapshot["padded_rows"], snapshot["recompute_pct"]) == (8, 0.0)
+
+
+CONFIG_ERRORS = [
+    # (config kwargs, context length, expected message fragment)
+    ({"window_size": 0}, None, "--llm42-window-size must be >= 1, got 0"),  # zero window
+    ({"window_size": 2048}, 1024, "context length found is 1024"),  # window > context
+    ({"verify_batch_size": 0}, None, "--llm42-verify-batch-size must be >= 1"),  # zero batch
+    ({"inject_mismatch_rate": -0.5}, None, "--llm42-inject-mismatch-rate must be in [0, 1]"),
+    ({"inject_mismatch_rate": 1.01}, None, "--llm42-inject-mismatch-rate"),  # above 1
+    ({"inject_mismatch_rate": math.nan}, None, "--llm42-inject-mismatch-rate"),  # NaN
+]
+
+
+@pytest.mark.parametrize(("kwargs", "context_length", "message"), CONFIG_ERRORS)
+def test_config_errors(kwargs, context_length, message) -> None:
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        Llm42Config(**kwargs).validate(context_length)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "context_length"),
+    [
+        ({}, None),  # defaults
+        ({}, 64),  # default window equal to the context length
+        ({"window_size": 1, "verify_batch_size": 1, "inject_mismatch_rate": 1.0}, 1),  # edges
+        ({"skip_compare": True, "seed": 123}, 4096),  # benchmark mode
+    ],
+)
+def test_config_valid(kwargs, context_length) -> None:
+    config = Llm42Config(**kwargs)
+    config.validate(context_length)
+    assert Llm42Config().window_size == 64 and Llm42Config().verify_batch_size == 8

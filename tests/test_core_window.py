@@ -1,0 +1,170 @@
+"""DetRequestState: window arithmetic, readiness, events and invariant checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from llm42.core import DetRequestState, InvariantError, VerifyDecision
+
+P = 10  # prompt length used throughout
+
+
+def make_state(window_size: int, u: int, n: int, *, finishing: bool = False) -> DetRequestState:
+    return DetRequestState(
+        rid="r",
+        window_size=window_size,
+        num_prompt_tokens=P,
+        num_verified_tokens=u,
+        num_output_tokens=n,
+        is_finishing=finishing,
+    )
+
+
+def assert_window(state: DetRequestState, *, k: int, start: int, end: int, num_real: int) -> None:
+    found = (state.window_index, state.window_start, state.window_end, state.num_real_entries)
+    assert found == (k, start, end, num_real), (
+        f"u={state.num_verified_tokens} n={state.num_output_tokens} W={state.window_size}: "
+        f"expected (k, start, end, num_real)={(k, start, end, num_real)}, found {found}"
+    )
+
+
+WINDOW_CASES = [
+    # (W, u, n, finishing) -> (k, start, end, num_real, is_ready)
+    ((4, 1, 1, False), (0, 0, 5, 0, False)),  # only o_0: nothing to verify
+    ((4, 1, 4, False), (0, 0, 5, 3, False)),  # window 0 one short of full
+    ((4, 1, 5, False), (0, 0, 5, 4, True)),  # window 0 full: candidates [1, 5)
+    ((4, 1, 7, False), (0, 0, 5, 4, True)),  # decoded past the window end: row still W real
+    ((4, 5, 5, False), (1, 4, 9, 0, False)),  # window 0 accepted, window 1 empty
+    ((4, 5, 9, False), (1, 4, 9, 4, True)),  # window 1 full
+    ((4, 5, 7, True), (1, 4, 9, 2, True)),  # window 1 cut short by EOS
+    ((4, 5, 7, False), (1, 4, 9, 2, False)),  # same counts, not finishing: wait for W
+    ((4, 7, 7, True), (1, 4, 9, 2, False)),  # finishing but fully verified: may finish
+    ((4, 3, 5, False), (0, 0, 5, 4, True)),  # after a rollback at 2: same window 0 again
+    ((4, 3, 3, True), (0, 0, 5, 2, False)),  # corrected token was EOS: nothing left to check
+    ((1, 1, 2, False), (0, 0, 2, 1, True)),  # W=1: one candidate per window
+    ((1, 4, 5, False), (3, 3, 5, 1, True)),  # W=1, window 3
+    ((3, 4, 6, True), (1, 3, 7, 2, True)),  # cut by max tokens inside window 1
+]
+
+
+@pytest.mark.parametrize(("args", "expected"), WINDOW_CASES)
+def test_window_arithmetic(args, expected) -> None:
+    window_size, u, n, finishing = args
+    k, start, end, num_real, is_ready = expected
+    state = make_state(window_size, u, n, finishing=finishing)
+    assert_window(state, k=k, start=start, end=end, num_real=num_real)
+    assert state.is_ready == is_ready, f"{args}: expected is_ready={is_ready}"
+    assert state.prefix_len == P + start
+    assert state.row_positions == [P + start + j for j in range(window_size)]
+    assert state.row_input_indices() == list(range(start, start + num_real))
+    assert state.num_candidate_tokens == n - u
+
+
+def test_fresh_state_is_not_ready() -> None:
+    state = DetRequestState(rid="r", window_size=4, num_prompt_tokens=P)
+    assert (state.num_output_tokens, state.num_verified_tokens, state.is_ready) == (0, 0, False)
+    assert state.window_index == 0
+
+
+def test_events_drive_a_window_to_ready() -> None:
+    state = DetRequestState(rid="r", window_size=4, num_prompt_tokens=P)
+    state.on_first_token()
+    assert (state.num_verified_tokens, state.num_output_tokens) == (1, 1)
+    state.append_candidates(3)
+    assert not state.is_ready, "3 of 4 candidates: not ready"
+    state.mark_finishing()
+    assert state.is_ready, "finishing with candidates: ready"
+    state.clear_finishing()
+    state.append_candidates()
+    assert state.is_ready and state.num_real_entries == 4
+
+
+def test_apply_accept_and_rollback_counters() -> None:
+    state = make_state(4, 1, 6, finishing=True)
+    accept = VerifyDecision(
+        num_compared=4,
+        num_accepted=4,
+        num_rejected=0,
+        corrected_token_id=None,
+        new_num_verified=5,
+        new_num_output_tokens=6,
+        mismatch_index=None,
+    )
+    state.apply(accept)
+    assert (state.num_verified_tokens, state.num_output_tokens) == (5, 6)
+    assert state.is_finishing, "an accept keeps the finishing flag"
+    rollback = VerifyDecision(
+        num_compared=1,
+        num_accepted=0,
+        num_rejected=1,
+        corrected_token_id=7,
+        new_num_verified=6,
+        new_num_output_tokens=6,
+        mismatch_index=5,
+    )
+    state.apply(rollback)
+    assert (state.num_verified_tokens, state.num_output_tokens) == (6, 6)
+    assert not state.is_finishing, "a rollback clears the finishing flag"
+    counters = (state.num_verify_passes, state.num_rollbacks, state.num_tokens_rolled_back)
+    assert counters == (2, 1, 1), f"passes/rollbacks/rolled back: {counters}"
+
+
+def test_apply_rejects_stale_decision() -> None:
+    state = make_state(4, 1, 5)
+    decision = VerifyDecision(
+        num_compared=4,
+        num_accepted=4,
+        num_rejected=0,
+        corrected_token_id=None,
+        new_num_verified=5,
+        new_num_output_tokens=5,
+        mismatch_index=None,
+    )
+    state.append_candidates()  # the list moved on after the decision was computed
+    with pytest.raises(InvariantError, match="stale decision"):
+        state.apply(decision)
+
+
+@pytest.mark.parametrize("method", ["rollback_unverified", "reset_for_retract"])
+def test_drop_candidates(method: str) -> None:
+    state = make_state(4, 5, 9, finishing=True)
+    assert getattr(state, method)() == 4
+    assert (state.num_verified_tokens, state.num_output_tokens) == (5, 5)
+    assert not state.is_finishing and state.num_rollbacks == 0, "dropping is not a rollback"
+    assert getattr(state, method)() == 0, "nothing left to drop"
+
+
+def test_state_uses_identity_equality() -> None:
+    a, b = make_state(4, 1, 1), make_state(4, 1, 1)
+    assert a != b and len({a, b}) == 2
+
+
+INVALID_STATES = [
+    # constructor kwargs that break an invariant
+    {"window_size": 0},  # window size < 1
+    {"num_prompt_tokens": -1},  # negative prompt
+    {"num_verified_tokens": 3, "num_output_tokens": 2},  # verified > output
+    {"num_verified_tokens": 0, "num_output_tokens": 2},  # o_0 exists but is not verified
+    {"num_verified_tokens": -1, "num_output_tokens": -1},  # negative counts
+    {"num_rollbacks": -1},  # negative counter
+    {"num_rollbacks": 2, "num_verify_passes": 1},  # more rollbacks than passes
+]
+
+
+@pytest.mark.parametrize("kwargs", INVALID_STATES)
+def test_invalid_state_raises(kwargs) -> None:
+    fields = {"rid": "bad", "window_size": 4, "num_prompt_tokens": P, **kwargs}
+    with pytest.raises(InvariantError, match="bad"):
+        DetRequestState(**fields)
+
+
+def test_event_misuse_raises() -> None:
+    fresh = DetRequestState(rid="r", window_size=4, num_prompt_tokens=P)
+    with pytest.raises(InvariantError, match="before on_first_token"):
+        fresh.append_candidates()
+    fresh.on_first_token()
+    with pytest.raises(InvariantError, match="expects no output"):
+        fresh.on_first_token()
+    with pytest.raises(InvariantError, match="cannot append"):
+        fresh.append_candidates(-1)
+    assert isinstance(InvariantError("x"), AssertionError), "reads as an internal assertion"
