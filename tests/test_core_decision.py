@@ -113,6 +113,22 @@ def test_injected_flag(differ_at, injected_index, is_injected) -> None:
     assert decision.injected == is_injected, f"expected injected={is_injected}"
 
 
+def test_injected_index_is_a_mismatch_even_when_right() -> None:
+    """A planted token that happens to equal the verifier's still rolls back to the verifier's."""
+    state, output_ids = make_case(4, 1, 5)
+    decision = decide(state, output_ids, verifier_tokens(state, set()), injected_index=2)
+    assert_decision(decision, (4, 1, 3, 3, 3, 2, 0))
+    assert decision.injected and decision.corrected_token_id == output_token(2)
+
+
+def test_skip_compare_ignores_injection() -> None:
+    state, output_ids = make_case(4, 1, 5)
+    decision = decide(
+        state, output_ids, verifier_tokens(state, {2}), skip_compare=True, injected_index=2
+    )
+    assert not decision.is_rollback and not decision.injected
+
+
 def test_decide_is_pure() -> None:
     state, output_ids = make_case(4, 1, 5)
     verifier_ids = verifier_tokens(state, {2})

@@ -96,6 +96,7 @@ def simulate(
     error_rate: float,
     inject_rate: float,
     delay_rate: float,
+    corrupt_in_place: bool = False,
 ):
     rng = random.Random(seed)
     requests = {
@@ -122,24 +123,26 @@ def simulate(
             request.output_ids.append(token_id)
             request.state.append_candidates()
             request.refresh_finishing()
-        # 2. Injection into the compared candidates, then plan and run the verify passes.
-        injected: dict[str, int | None] = {}
+        # 2. Plan and run the verify passes; inject into a copy of the compared candidates (as
+        #    the adapter does) or, with corrupt_in_place, into the list the rows are built from.
+        injected: dict[str, tuple[list[int], int | None]] = {}
         for request in ready:
             u, end = request.state.num_verified_tokens, request.state.compare_end
-            corrupted, index = injector.corrupt(request.output_ids[u:end], VOCAB, (EOS,))
-            request.output_ids[u:end] = corrupted
-            injected[request.state.rid] = None if index is None else u + index
+            corrupted, index = injector.corrupt(request.output_ids[u:end], VOCAB)
+            candidate_ids = list(request.output_ids)
+            candidate_ids[u:end] = corrupted
+            if corrupt_in_place:
+                request.output_ids[:] = candidate_ids
+            injected[request.state.rid] = (candidate_ids, None if index is None else u + index)
         rows = [build_row(r.state, r.output_ids) for r in ready]
         for verify_pass in plan_passes(rows, batch_size, window_size):
             stats.observe_pass(verify_pass.num_real_rows, verify_pass.num_pad_rows, 0.0)
             verifier_rows = fake_verifier(verify_pass, requests)
             for row, verifier_ids in zip(verify_pass.real_rows, verifier_rows, strict=False):
                 request = requests[row.rid]
+                candidate_ids, injected_index = injected[row.rid]
                 decision = decide(
-                    request.state,
-                    request.output_ids,
-                    verifier_ids,
-                    injected_index=injected[row.rid],
+                    request.state, candidate_ids, verifier_ids, injected_index=injected_index
                 )
                 # 3. Apply like the adapter: truncate, write the corrected token, then the state.
                 del request.output_ids[decision.new_num_output_tokens :]
@@ -166,12 +169,27 @@ def simulate(
     error_rate=st.sampled_from([0.0, 0.05, 0.3, 0.9]),
     inject_rate=st.sampled_from([0.0, 0.3, 1.0]),
     delay_rate=st.sampled_from([0.0, 0.5]),
+    corrupt_in_place=st.booleans(),
 )
 def test_verified_output_equals_reference(
-    seed, window_size, batch_size, num_requests, error_rate, inject_rate, delay_rate
+    seed,
+    window_size,
+    batch_size,
+    num_requests,
+    error_rate,
+    inject_rate,
+    delay_rate,
+    corrupt_in_place,
 ) -> None:
     requests, stats = simulate(
-        seed, window_size, batch_size, num_requests, error_rate, inject_rate, delay_rate
+        seed,
+        window_size,
+        batch_size,
+        num_requests,
+        error_rate,
+        inject_rate,
+        delay_rate,
+        corrupt_in_place,
     )
     for rid, request in requests.items():
         assert request.output_ids == request.reference, (

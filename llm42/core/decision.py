@@ -39,7 +39,8 @@ class VerifyDecision:
     new_num_verified:      u after applying (m + 1 on a rollback).
     new_num_output_tokens: n after applying (m + 1 on a rollback).
     mismatch_index:        output index m of the first mismatch, or None.
-    injected:              the mismatch at m was planted by the ``MismatchInjector``.
+    injected:              the mismatch at m was planted by the ``MismatchInjector`` (False when
+                           a natural mismatch came first or ``skip_compare`` ignored it).
     num_inconsistent:      re-run entries before u where the verifier disagrees with the committed
                            token: a verifier non-determinism signal, committed tokens stay.
     """
@@ -103,7 +104,10 @@ def decide(
     verifier_ids:   [>= num_real] verifier token for output index kW + 1 + j at entry j; entries
                     from num_real on are padding and ignored.
     skip_compare:   accept every candidate (measures the cost of verification alone).
-    injected_index: output index the ``MismatchInjector`` corrupted in this window, if any.
+    injected_index: output index the ``MismatchInjector`` corrupted in this window, if any. It
+                    counts as a mismatch even when the planted token happens to equal the
+                    verifier's: only verifier tokens are ever committed, whether the adapter
+                    corrupted its real list or a copy.
     """
     u, n = state.num_verified_tokens, state.num_output_tokens
     first_predicted = state.window_start + 1  # output index predicted by row entry 0
@@ -133,12 +137,17 @@ def decide(
     num_inconsistent = sum(
         1 for i in range(first_predicted, u) if verifier_ids[i - first_predicted] != output_ids[i]
     )
-    # 2. First mismatch among the compared candidates [u, end).
+    # 2. First mismatch among the compared candidates [u, end); the injected one always is.
     num_compared = end - u
     mismatch_index = None
     if not skip_compare:
         mismatch_index = next(
-            (i for i in range(u, end) if verifier_ids[i - first_predicted] != output_ids[i]), None
+            (
+                i
+                for i in range(u, end)
+                if i == injected_index or verifier_ids[i - first_predicted] != output_ids[i]
+            ),
+            None,
         )
     if mismatch_index is None:
         return VerifyDecision(

@@ -10,7 +10,6 @@ uniformly random index is replaced by a different valid token id.
 from __future__ import annotations
 
 import random
-from collections.abc import Collection
 
 
 class MismatchInjector:
@@ -28,37 +27,27 @@ class MismatchInjector:
         self.num_injected = 0
         self._rng = random.Random(seed)
 
-    def corrupt(
-        self, candidate_ids: list[int], vocab_size: int, avoid_ids: Collection[int] = ()
-    ) -> tuple[list[int], int | None]:
+    def corrupt(self, candidate_ids: list[int], vocab_size: int) -> tuple[list[int], int | None]:
         """Return (a copy of ``candidate_ids``, maybe with one token replaced; its index or None).
 
-        The index is relative to ``candidate_ids``. ``avoid_ids`` (pass the stop token ids) are
-        never planted: a planted EOS that happens to be right would end the request mid-window.
-        The coin is drawn on every call, empty lists included, so one skipped window never shifts
-        the choices of the later ones.
+        The index is relative to ``candidate_ids``. The coin is drawn on every call, empty lists
+        included, so one skipped window never shifts the choices of the later ones. ``decide()``
+        treats the returned index as a mismatch even if the new token happens to be right.
         """
         self.num_calls += 1
         corrupted_ids = list(candidate_ids)
         if not (self._rng.random() < self.rate and corrupted_ids):
             return corrupted_ids, None
+        if vocab_size < 2:
+            raise ValueError(
+                f"mismatch injection needs a vocabulary of >= 2 tokens, got {vocab_size}"
+            )
         index = self._rng.randrange(len(corrupted_ids))
-        corrupted_ids[index] = self._draw_other(corrupted_ids[index], vocab_size, avoid_ids)
+        # Draw from the vocabulary minus one slot, then step over the original id: always
+        # different, always in [0, vocab_size), even if the original is out of range.
+        token_id = self._rng.randrange(vocab_size - 1)
+        if token_id >= corrupted_ids[index]:
+            token_id += 1
+        corrupted_ids[index] = token_id
         self.num_injected += 1
         return corrupted_ids, index
-
-    def _draw_other(self, token_id: int, vocab_size: int, avoid_ids: Collection[int]) -> int:
-        """Uniform over [0, vocab_size) minus ``token_id`` minus ``avoid_ids``."""
-        excluded = sorted({t for t in (token_id, *avoid_ids) if 0 <= t < vocab_size})
-        num_choices = vocab_size - len(excluded)
-        if num_choices < 1:
-            raise ValueError(
-                f"mismatch injection needs a token other than {excluded} in a vocabulary of "
-                f"{vocab_size}; use a larger vocabulary or fewer avoided ids"
-            )
-        # Draw among the allowed slots, then step over each excluded id at or below the draw.
-        choice = self._rng.randrange(num_choices)
-        for excluded_id in excluded:
-            if choice >= excluded_id:
-                choice += 1
-        return choice
