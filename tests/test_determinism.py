@@ -1,7 +1,7 @@
 """Decode-verify-rollback on a real SGLang CPU server: bitwise-identical deterministic outputs.
 
-Batching changes numerics on CPU too (different GEMM shapes), so the control test shows the
-fast path really diverges under load, and the deterministic tests show verified output does not.
+The test model is a bf16 random Llama on which the decode fast path and the verifier's extend pass
+disagree now and then (natural rollbacks); injected mismatches force the rollback path on demand.
 No retries anywhere: a retry would hide exactly the flake that matters.
 """
 
@@ -29,19 +29,6 @@ def _det(url, prompt, **kw):
 def _assert_same(ref, got, what):
     assert got[0] == ref[0], f"{what}: token ids differ\n{ref[0]}\n{got[0]}"
     assert got[1] == ref[1], f"{what}: logprobs differ (bitwise)"
-
-
-def test_control_fast_path_diverges_under_concurrency(llm42_server):
-    """Without is_deterministic, outputs depend on what else runs (else the tests below prove
-    nothing on this machine)."""
-    url = llm42_server.url
-    solo = [generate(url, p, det=None, max_new_tokens=28) for p in PROMPTS]
-    mixed = concurrently(
-        [lambda p=p: generate(url, p, det=None, max_new_tokens=28) for p in PROMPTS]
-        + background_requests(url, 24)
-    )[: len(PROMPTS)]
-    diverged = [s[1] != m[1] or s[0] != m[0] for s, m in zip(solo, mixed)]
-    assert any(diverged), "no divergence of the fast path seen: batching was invariant here"
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -146,12 +133,16 @@ def test_abort_mid_window_frees_everything(llm42_server):
         "text": PROMPTS[0], "rid": "llm42-abort-me", "stream": True,
         "sampling_params": {"max_new_tokens": 400, "is_deterministic": True, "ignore_eos": True},
     }, stream=True, timeout=300)
-    seen = 0
+    seen, last = 0, None
     for line in r.iter_lines():
         if line.startswith(b"data: {"):
             seen += 1
+            last = json.loads(line[6:])
             if seen == 3:
                 requests.post(url + "/abort_request", json={"rid": "llm42-abort-me"}, timeout=30)
     r.close()
+    assert last is not None and last["meta_info"]["finish_reason"]["type"] == "abort"
+    assert len(last["output_ids"]) < 400
+    # the server keeps serving reproducibly after the abort
     ref = _det(url, PROMPTS[0])
-    assert ref == _det(url, PROMPTS[0])
+    _assert_same(ref, _det(url, PROMPTS[0]), "after abort")
