@@ -1,0 +1,47 @@
+"""CLI for llm42's models.
+
+    python -m llm42.models default-path
+    python -m llm42.models random-llama --preset tiny --out DIR [--seed 0 --std 0.02
+        --dtype float32 --tokenizer DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from llm42.models.random_llama import PRESETS, write_random_llama
+from llm42.models.smollm2 import DefaultModelError, default_model_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m llm42.models", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    default = sub.add_parser("default-path", help="print the converted default model's folder "
+                                                  "(converts it on first use)")
+    default.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    rand = sub.add_parser("random-llama", help="write a seeded random-weight Llama checkpoint")
+    rand.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    rand.add_argument("--out", required=True, help="output folder")
+    rand.add_argument("--seed", type=int, default=0)
+    rand.add_argument("--std", type=float, default=0.02)
+    rand.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    rand.add_argument("--tokenizer", default=None,
+                      help="folder to copy tokenizer files from (default: the default model's)")
+    args = parser.parse_args(argv)
+
+    try:
+        if args.command == "default-path":
+            print(default_model_path(dtype=args.dtype))
+        else:
+            print(write_random_llama(args.out, preset=args.preset, seed=args.seed, std=args.std,
+                                     dtype=args.dtype, tokenizer_dir=args.tokenizer))
+    except DefaultModelError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,302 @@
+"""Start and stop a real ``sglang.launch_server`` in its own process group (tests, demo, bench).
+
+    with SGLangServer(model_path, ["--enable-llm42"]) as server:
+        requests.post(f"{server.url}/generate", json={"text": "Hi", "sampling_params": {}})
+
+The server runs ``python -m sglang.launch_server`` with this interpreter, in a new session (so its
+scheduler and detokenizer subprocesses share one process group), with output in a log file.
+Readiness is ``GET /health`` answering 200, which SGLang returns only after its warmup request.
+Without CUDA it runs SGLang's CPU engine with the flags and environment that work on CPU (see
+``cpu_server_env`` and ``CPU_DEFAULT_ARGS``). ``stop()`` sends SIGTERM to the group, waits, then
+SIGKILLs whatever is left and checks that every process it saw is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import requests
+
+# Appended in CPU mode unless the caller passes the same flag: the only attention backend SGLang
+# runs on CPU without sgl-kernel, and a bounded KV cache (the CPU default sizes it from RAM).
+CPU_DEFAULT_ARGS: tuple[tuple[str, str], ...] = (
+    ("--device", "cpu"),
+    ("--attention-backend", "torch_native"),
+    ("--max-total-tokens", "16384"),
+)
+_POLL_INTERVAL_S = 0.5
+_STOP_GRACE_S = 20.0
+_LOG_TAIL_CHARS = 4000
+
+
+def cpu_server_env() -> dict[str, str]:
+    """Environment for SGLang's CPU engine: ``is_cpu()`` true, one OpenMP thread per process."""
+    return {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def detect_device() -> str:
+    """``"cuda"`` when torch sees a GPU, else ``"cpu"``."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class SGLangServerError(RuntimeError):
+    """The server did not come up (the message ends with the tail of its log)."""
+
+
+class SGLangServer:
+    """A ``sglang.launch_server`` subprocess; a context manager that starts and stops it."""
+
+    stop_grace_s: float = _STOP_GRACE_S  # seconds of SIGTERM before SIGKILL (tests shorten it)
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        extra_args: Sequence[str] = (),
+        *,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        env: Mapping[str, str] | None = None,
+        log_path: str | os.PathLike[str] | None = None,
+        startup_timeout: float = 300.0,
+        device: str | None = None,
+    ) -> None:
+        self.model_path = str(model_path)
+        self.host = host
+        self._port = port if port is not None else free_port(host)
+        self.device = device or detect_device()
+        self.startup_timeout = startup_timeout
+        if log_path is None:
+            fd, log_name = tempfile.mkstemp(prefix="sglang-server-", suffix=".log")
+            os.close(fd)
+            log_path = log_name
+        self._log_path = Path(log_path)
+        self.args = self._build_args(list(extra_args))
+        self.env = dict(os.environ)
+        if self.device == "cpu":
+            self.env.update(cpu_server_env())
+        self.env.update(env or {})
+        self._process: subprocess.Popen[bytes] | None = None
+        self._seen_pids: set[int] = set()
+
+    # -- properties ----------------------------------------------------------------------------
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self._port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self._log_path
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    def log_text(self) -> str:
+        try:
+            return self._log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def is_running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def __enter__(self) -> SGLangServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Launch the server and block until ``/health`` is 200 (or raise SGLangServerError)."""
+        if self._process is not None:
+            raise RuntimeError(f"server already started (pid {self._process.pid})")
+        with open(self._log_path, "wb") as log:
+            self._process = subprocess.Popen(
+                self.args,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,  # own process group: stop() reaches every child
+            )
+        try:
+            self._wait_until_healthy()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self, grace_s: float | None = None) -> None:
+        """Stop the server and every process of its group; raise if any survives SIGKILL.
+
+        1. SIGTERM to the launcher alone: SGLang's HTTP server stops gracefully and the launcher
+           kills its scheduler/detokenizer tree. (SIGTERM to the whole group first would make the
+           launcher see a "crashed" scheduler and sleep 5 s for crash diagnostics.)
+        2. SIGTERM to the group for whatever is still alive, then SIGKILL after ``grace_s``.
+        """
+        process = self._process
+        if process is None:
+            return
+        grace_s = self.stop_grace_s if grace_s is None else grace_s
+        self._remember_children()
+        pgid = process.pid  # start_new_session: the launcher's pid is the group id
+        _signal(process.pid, signal.SIGTERM)
+        self._wait_all_gone(grace_s / 2)
+        if self._alive_pids():
+            _signal_group(pgid, signal.SIGTERM)
+            self._wait_all_gone(grace_s / 2)
+        if self._alive_pids():
+            _signal_group(pgid, signal.SIGKILL)
+            for pid in self._alive_pids():  # a descendant that left the group
+                _signal(pid, signal.SIGKILL)
+            self._wait_all_gone(10.0)
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        leftovers = self._alive_pids()
+        self._process = None
+        if leftovers:
+            raise SGLangServerError(f"SGLang processes still alive after SIGKILL: {leftovers}")
+
+    def _wait_all_gone(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._process is not None:
+                self._process.poll()  # reap the launcher so it stops counting as alive
+            if not self._alive_pids():
+                return
+            time.sleep(0.1)
+
+    def process_ids(self) -> set[int]:
+        """Every pid seen for this server so far (the launcher and its descendants)."""
+        self._remember_children()
+        return set(self._seen_pids)
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _build_args(self, extra: list[str]) -> list[str]:
+        args = [sys.executable, "-m", "sglang.launch_server", "--model-path", self.model_path,
+                "--host", self.host, "--port", str(self._port)]
+        if self.device == "cpu":
+            for flag, value in CPU_DEFAULT_ARGS:
+                if not _has_flag(extra, flag):
+                    args += [flag, value]
+        return args + extra
+
+    def _wait_until_healthy(self) -> None:
+        assert self._process is not None
+        deadline = time.monotonic() + self.startup_timeout
+        while True:
+            code = self._process.poll()
+            if code is not None:
+                raise SGLangServerError(
+                    f"sglang.launch_server exited with code {code} before becoming healthy; "
+                    f"log {self._log_path}:\n{self._log_tail()}"
+                )
+            try:
+                if requests.get(f"{self.url}/health", timeout=5).status_code == 200:
+                    self._remember_children()
+                    return
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                raise SGLangServerError(
+                    f"sglang.launch_server not healthy after {self.startup_timeout:.0f} s "
+                    f"({self.url}/health); log {self._log_path}:\n{self._log_tail()}"
+                )
+            time.sleep(_POLL_INTERVAL_S)
+
+    def _log_tail(self) -> str:
+        return self.log_text()[-_LOG_TAIL_CHARS:]
+
+    def _remember_children(self) -> None:
+        if self._process is None:
+            return
+        self._seen_pids.add(self._process.pid)
+        self._seen_pids.update(_descendants(self._process.pid))
+        self._seen_pids.update(_group_members(self._process.pid))
+
+    def _alive_pids(self) -> list[int]:
+        return sorted(pid for pid in self._seen_pids | _group_members(self.pid or -1)
+                      if _is_alive(pid))
+
+
+def _has_flag(args: Sequence[str], flag: str) -> bool:
+    return any(arg == flag or arg.startswith(flag + "=") for arg in args)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _descendants(pid: int) -> set[int]:
+    try:
+        import psutil
+
+        return {child.pid for child in psutil.Process(pid).children(recursive=True)}
+    except Exception:  # psutil missing, or the process already gone
+        return set()
+
+
+def _group_members(pgid: int) -> set[int]:
+    """Pids whose process group is ``pgid`` (reads /proc; empty where there is none)."""
+    members = set()
+    proc = Path("/proc")
+    if pgid <= 0 or not proc.is_dir():
+        return members
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()  # after "(comm)": state ppid pgrp ...
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            members.add(int(entry.name))
+    return members
+
+
+def _is_alive(pid: int) -> bool:
+    """True for a live, non-zombie process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
