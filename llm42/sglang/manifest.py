@@ -40,12 +40,19 @@ def installed_sglang_version() -> str | None:
         return None
 
 
+def _patches_dir() -> Path:
+    try:
+        return Path(str(importlib.resources.files("llm42.patches")))
+    except ModuleNotFoundError:  # source checkout on PYTHONPATH, not installed
+        return Path(__file__).resolve().parents[2] / "patches"
+
+
 def manifest_path(version: str) -> Path:
-    return Path(str(importlib.resources.files("llm42.patches") / f"sglang-{version}.json"))
+    return _patches_dir() / f"sglang-{version}.json"
 
 
 def supported_versions() -> list[str]:
-    root = Path(str(importlib.resources.files("llm42.patches")))
+    root = _patches_dir()
     return sorted(p.stem.removeprefix("sglang-") for p in root.glob("sglang-*.json"))
 
 
