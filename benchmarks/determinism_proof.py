@@ -1,0 +1,283 @@
+"""Proof of selective determinism: repeated requests under changing load, compared bitwise.
+
+    python -m benchmarks.determinism_proof --url http://127.0.0.1:30000 --mode llm42 --out-dir p/
+    python -m benchmarks.determinism_proof --launch --model-path M --server-args "..." \
+        --mode both --background 0,16,64,256 --out-dir p/
+
+A set of requests (each prompt greedy, and at temperature 0.8 with a per-request seed) is sent
+in every trial: alone (background 0: one request at a time) and among N concurrent normal
+requests of mixed prompt and output lengths, `--repeats` times per background level, all with
+`return_logprob`. Every repetition of a request is compared with its first one: token ids, and
+log-probs by their bits. `--mode llm42` sends `is_deterministic: true` (needs --enable-llm42)
+and expects all repetitions identical; `--mode control` sends the same requests without the
+flag and expects at least one divergence (else this setup cannot tell the modes apart);
+`--mode both` runs control after llm42 on the same server. Exit code 0 when the expectation of
+every mode run holds, 1 otherwise. Writes `proof.json` and `proof.md` into `--out-dir`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import json
+import random
+import shlex
+import time
+from dataclasses import dataclass
+
+import aiohttp
+import requests
+
+from benchmarks import env_info
+from benchmarks.proof_compare import RequestReport, compare_repetitions, expectation_holds
+
+PROMPTS = [
+    ("Explain how a large language model inference server schedules requests and batches the "
+     "decoding steps of many users at once."),
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "def quicksort(items):\n    \"\"\"Sort a list of integers.\"\"\"\n",
+    "List the planets of the solar system and one remarkable fact about each of them:",
+    "Translate into French: The weather is beautiful today and we are going to the market.",
+    "The history of the printing press begins",
+    "Q: What is the derivative of x^3 * sin(x)?\nA:",
+    "Summarize the causes of the First World War in five bullet points.",
+]
+WORDS = ["the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with", "be", "by", "on", "not", "this", "are", "or", "from", "at", "which", "but", "have", "an", "they", "you", "were", "one", "all", "we", "can", "has", "been", "if", "more", "when", "will", "would", "who", "so", "no", "time", "system", "model", "token", "server", "batch", "kernel", "memory", "value", "result", "engine", "request", "output", "input", "layer", "cache", "graph", "python", "compute", "matrix", "vector"]
+
+
+@dataclass(frozen=True)
+class DetRequest:
+    index: int
+    prompt: str
+    temperature: float
+    sampling_seed: int | None
+
+    @property
+    def label(self) -> str:
+        if self.temperature == 0:
+            return f"p{self.index // 2}-greedy"
+        kind = f"t{self.temperature:g}-seed{self.sampling_seed}"
+        return f"p{self.index // 2}-{kind}"
+
+
+def det_requests(num_prompts: int, seed: int) -> list[DetRequest]:
+    out = []
+    for i in range(num_prompts):
+        prompt = PROMPTS[i % len(PROMPTS)] + (f" (variant {i // len(PROMPTS)})" if (
+            i >= len(PROMPTS)) else "")
+        out.append(DetRequest(2 * i, prompt, 0.0, None))
+        out.append(DetRequest(2 * i + 1, prompt, 0.8, seed + i))
+    return out
+
+
+def background_bodies(n: int, rng: random.Random, max_new_tokens: int,
+                      max_prompt_words: int) -> list[dict]:
+    """Normal requests of mixed lengths (prompt 4..max_prompt_words words, output 8..1.5x)."""
+    bodies = []
+    for _ in range(n):
+        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, max_prompt_words)))
+        sampling = {"temperature": rng.choice((0.0, 0.8)), "ignore_eos": True,
+                    "max_new_tokens": rng.randint(8, max(9, int(1.5 * max_new_tokens)))}
+        bodies.append({"text": text, "sampling_params": sampling})
+    return bodies
+
+
+def det_body(req: DetRequest, max_new_tokens: int, send_flag: bool) -> dict:
+    sampling = {"temperature": req.temperature, "max_new_tokens": max_new_tokens,
+                "ignore_eos": True}
+    if req.sampling_seed is not None:
+        sampling["sampling_seed"] = req.sampling_seed
+    if send_flag:
+        sampling["is_deterministic"] = True
+    return {"text": req.prompt, "sampling_params": sampling, "return_logprob": True}
+
+
+async def _post(session: aiohttp.ClientSession, url: str, body: dict) -> dict:
+    async with session.post(url + "/generate", json=body) as r:
+        text = await r.text()
+        if r.status != 200:
+            raise RuntimeError(f"/generate answered HTTP {r.status}: {text[:1000]}")
+        return json.loads(text)
+
+
+def _sample(out: dict) -> tuple[list[int], list[float], dict]:
+    meta = out.get("meta_info") or {}
+    ids = out.get("output_ids") or meta.get("output_ids") or []
+    lps = [t[0] for t in meta.get("output_token_logprobs") or []]
+    return list(ids), lps, meta
+
+
+async def run_trial(url: str, reqs: list[DetRequest], background: int, rng: random.Random,
+                    args, send_flag: bool) -> list[tuple[list[int], list[float], dict]]:
+    timeout = aiohttp.ClientTimeout(total=args.request_timeout)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout,
+                                     read_bufsize=10 * 1024**2) as session:
+        bodies = [det_body(r, args.max_new_tokens, send_flag) for r in reqs]
+        if background == 0:  # alone: one request at a time, nothing else on the server
+            return [_sample(await _post(session, url, b)) for b in bodies]
+        jobs = [("det", i, b) for i, b in enumerate(bodies)] + [
+            ("bg", -1, b) for b in background_bodies(background, rng, args.max_new_tokens,
+                                                     args.max_background_words)]
+        rng.shuffle(jobs)  # a different arrival order, so different batches, in every trial
+        results = await asyncio.gather(*(_post(session, url, b) for _, _, b in jobs))
+        det = {i: _sample(out) for (kind, i, _), out in zip(jobs, results) if kind == "det"}
+        return [det[i] for i in range(len(bodies))]
+
+
+def run_mode(url: str, mode: str, args) -> dict:
+    reqs = det_requests(args.num_prompts, args.seed)
+    levels = [int(x) for x in args.background.split(",")]
+    samples: list[list[tuple[list[int], list[float]]]] = [[] for _ in reqs]
+    trials, meta_sums = [], [{"rollbacks": 0, "verify_passes": 0} for _ in reqs]
+    for rep in range(args.repeats):
+        for level in levels:
+            rng = random.Random(f"{args.seed}-{mode}-{rep}-{level}")
+            t0 = time.perf_counter()
+            outs = asyncio.run(run_trial(url, reqs, level, rng, args, send_flag=mode == "llm42"))
+            trials.append({"repeat": rep, "background": level,
+                           "seconds": round(time.perf_counter() - t0, 3)})
+            for k, (ids, lps, meta) in enumerate(outs):
+                samples[k].append((ids, lps))
+                meta_sums[k]["rollbacks"] += int(meta.get("llm42_rollbacks") or 0)
+                meta_sums[k]["verify_passes"] += int(meta.get("llm42_verify_passes") or 0)
+            print(f"[proof {mode}] repeat {rep} background {level}: "
+                  f"{trials[-1]['seconds']} s", flush=True)
+    reports = [compare_repetitions(s) for s in samples]
+    trial_names = [f"r{t['repeat']}-bg{t['background']}" for t in trials]
+    return {"mode": mode, "expectation_holds": expectation_holds(mode, reports),
+            "expectation": ("every repetition bitwise identical" if mode == "llm42"
+                            else "at least one divergence"),
+            "trials": trials,
+            "requests": [_request_json(r, rep, trial_names, sums, samples[k][0])
+                         for k, (r, rep, sums) in enumerate(zip(reqs, reports, meta_sums))]}
+
+
+def _request_json(req: DetRequest, rep: RequestReport, names: list[str], sums: dict,
+                  first: tuple[list[int], list[float]]) -> dict:
+    return {"label": req.label, "temperature": req.temperature,
+            "sampling_seed": req.sampling_seed, "prompt": req.prompt,
+            "output_len": len(first[0]), "num_repetitions": rep.num_repetitions,
+            "identical": rep.identical, "num_divergent_repetitions": rep.num_divergent,
+            "first_divergence": rep.first_divergence,
+            "first_token_divergence": rep.first_token_divergence,
+            "max_abs_logprob_diff": rep.max_abs_logprob_diff,
+            "per_repetition": [{"trial": n, "first_divergence": d.first_divergence,
+                                "first_token_divergence": d.first_token_divergence,
+                                "max_abs_logprob_diff": d.max_abs_logprob_diff}
+                               for n, d in zip(names[1:], rep.diffs)],
+            "llm42_rollbacks": sums["rollbacks"], "llm42_verify_passes": sums["verify_passes"],
+            "reference_token_ids_head": first[0][:32]}
+
+
+def markdown(result: dict) -> str:
+    server = (f"- server: `{result['url']}` model `{result['model']}`; gpu {result['gpu']}; "
+              f"commit {result['git_commit']}")
+    load = (f"- {result['num_requests']} requests x {result['num_trials']} trials (background "
+            f"levels {result['background_levels']}, {result['repeats']} repeats each), "
+            f"{result['max_new_tokens']} new tokens, return_logprob, bitwise comparison")
+    lines = [f"# Determinism proof ({result['timestamp']})", "", server,
+             f"- server args: `{result['server_args']}`", load,
+             f"- command: `{result['command']}`", ""]
+    for run in result["runs"]:
+        verdict = "HOLDS" if run["expectation_holds"] else "FAILS"
+        lines += [f"## mode `{run['mode']}`: expectation ({run['expectation']}) {verdict}", "",
+                  ("| request | identical | divergent reps | first divergent position | "
+                   "first token divergence | max abs logprob diff | llm42 rollbacks |"),
+                  "|---|---|---|---|---|---|---|"]
+        for r in run["requests"]:
+            lines.append(f"| {r['label']} | {r['identical']} | {r['num_divergent_repetitions']}/"
+                         f"{r['num_repetitions'] - 1} | {_dash(r['first_divergence'])} | "
+                         f"{_dash(r['first_token_divergence'])} | "
+                         f"{r['max_abs_logprob_diff']:.3g} | {r['llm42_rollbacks']} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _dash(value) -> str:
+    return "-" if value is None else str(value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", default="http://127.0.0.1:30000")
+    p.add_argument("--mode", choices=("llm42", "control", "both"), default="llm42")
+    p.add_argument("--num-prompts", type=int, default=4, help="each greedy and t=0.8 seeded")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--background", default="0,16,64,256",
+                   help="comma list of concurrent normal requests per trial (0 = alone)")
+    p.add_argument("--repeats", type=int, default=2, help="trials per background level")
+    p.add_argument("--max-background-words", type=int, default=600)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--request-timeout", type=float, default=1800.0)
+    p.add_argument("--out-dir", default=".")
+    p.add_argument("--launch", action="store_true", help="start (and stop) the server here")
+    p.add_argument("--model-path", default=None)
+    p.add_argument("--server-args", default="")
+    p.add_argument("--startup-timeout", type=float, default=900.0)
+    args = p.parse_args(argv)
+    levels = args.background.split(",")
+    if args.repeats * len(levels) < 2:
+        p.error("need at least 2 trials (--repeats x number of --background levels).")
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    modes = ["llm42", "control"] if args.mode == "both" else [args.mode]
+
+    server_args = shlex.split(args.server_args)
+    with contextlib.ExitStack() as stack:
+        url, model = args.url.rstrip("/"), args.model_path
+        if args.launch:
+            if not args.model_path:
+                p.error("--launch needs --model-path.")
+            from llm42.server_process import SGLangServer
+
+            if "llm42" in modes and "--enable-llm42" not in server_args:
+                server_args.append("--enable-llm42")
+            server = SGLangServer(args.model_path, server_args, log_path=out / "server.log",
+                                  startup_timeout=args.startup_timeout)
+            stack.enter_context(server)
+            url = server.url
+            with open(out / "commands.txt", "a", encoding="utf-8") as f:
+                f.write(shlex.join(server.args) + "\n")
+        model = model or (requests.get(url + "/get_model_info", timeout=30).json()
+                          .get("model_path"))
+        stats = _stats(url)
+        if "llm42" in modes and not (stats or {}).get("enabled"):
+            print(f"error: --mode llm42 needs a server started with --enable-llm42; "
+                  f"{url}/llm42_stats says {stats}.", file=sys.stderr)
+            return 1
+        runs = [run_mode(url, mode, args) for mode in modes]
+        stats_after = _stats(url)
+    result = {"timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+              "command": shlex.join(getattr(sys, "orig_argv", sys.argv)), "url": url,
+              "model": model, "server_args": shlex.join(server_args) if args.launch else None,
+              "gpu": env_info.gpu_name(), "git_commit": env_info.git_commit(),
+              "num_requests": 2 * args.num_prompts, "max_new_tokens": args.max_new_tokens,
+              "background_levels": [int(x) for x in levels], "repeats": args.repeats,
+              "num_trials": args.repeats * len(levels), "llm42_stats_before": stats,
+              "llm42_stats_after": stats_after, "runs": runs,
+              "all_expectations_hold": all(r["expectation_holds"] for r in runs)}
+    (out / "proof.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "proof.md").write_text(markdown(result))
+    print(markdown(result))
+    return 0 if result["all_expectations_hold"] else 1
+
+
+def _stats(url: str) -> dict | None:
+    try:
+        r = requests.get(url + "/llm42_stats", timeout=30)
+        return r.json() if r.status_code == 200 else None
+    except (requests.RequestException, ValueError):
+        return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

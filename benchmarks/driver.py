@@ -1,0 +1,298 @@
+"""Benchmark one model in every configuration: nondet, sglang-det, llm42 at several ratios.
+
+    python -m benchmarks.driver --model-path M --out-dir out/ --det-ratios 0.02,0.1,0.5,1.0 \
+        --server-args "--attention-backend triton --disable-radix-cache" \
+        --workload "--dataset-name sharegpt" --bench-args "--num-prompts 2048"
+    python -m benchmarks.driver --report-only --out-dir out/
+
+One server start per configuration (the deterministic ratio is a property of the client, so a
+single `--enable-llm42` server serves every ratio); every workload and ratio is benchmarked on
+it by `benchmarks.bench_serving` in a subprocess. `--server-args` go identically to every
+configuration. A configuration whose server does not start (SGLang refuses
+`--enable-deterministic-inference` on CPU / torch_native) becomes a skipped row with the reason.
+Writes `results.jsonl`, `table.md`, the plots, `commands.txt` and the logs into `--out-dir`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+import argparse
+import datetime
+import json
+import re
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+from benchmarks import env_info, report
+from benchmarks.metrics import empty_summary
+
+RESULTS = "results.jsonl"
+CONFIGS = ("nondet", "sglang-det", "llm42", "llm42-skip-compare", "llm42-inject")
+_ERROR_LINE = re.compile(r"(Error|error|Exception|refus|not supported)")
+
+
+@dataclass
+class ServerConfig:
+    """One server start: its label, config name for the JSONL, flags, and the client ratios."""
+
+    label: str
+    config: str
+    flags: list[str]
+    ratios: list[float]
+    meta: dict = field(default_factory=dict)  # window_size, verify_batch_size, ... for the rows
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def server_configs(args) -> list[ServerConfig]:
+    out: list[ServerConfig] = []
+    for name in [c.strip() for c in args.configs.split(",") if c.strip()]:
+        if name not in CONFIGS:
+            raise SystemExit(f"error: unknown config {name!r}; expected some of {CONFIGS}.")
+        if name == "nondet":
+            out.append(ServerConfig("nondet", "nondet", [], [0.0]))
+        elif name == "sglang-det":
+            out.append(ServerConfig("sglang-det", "sglang-det",
+                                    ["--enable-deterministic-inference"], [0.0]))
+        else:
+            for window in [int(w) for w in args.window_sizes.split(",")]:
+                flags = ["--enable-llm42", "--llm42-window-size", str(window),
+                         "--llm42-verify-batch-size", str(args.verify_batch_size)]
+                meta = {"window_size": window, "verify_batch_size": args.verify_batch_size,
+                        "skip_compare": False, "inject_mismatch_rate": 0.0}
+                ratios, label = _floats(args.det_ratios), f"llm42-w{window}"
+                if name == "llm42-skip-compare":
+                    flags.append("--llm42-skip-compare")
+                    meta["skip_compare"] = True
+                    ratios, label = _floats(args.variant_ratios or args.det_ratios), label + "-skip"
+                elif name == "llm42-inject":
+                    flags += ["--llm42-inject-mismatch-rate", str(args.inject_mismatch_rate)]
+                    meta["inject_mismatch_rate"] = args.inject_mismatch_rate
+                    ratios = _floats(args.variant_ratios or args.det_ratios)
+                    label += f"-inject{args.inject_mismatch_rate:g}"
+                out.append(ServerConfig(label, "llm42", flags, ratios, meta))
+    return out
+
+
+def _with_ratio(cfg: ServerConfig, ratio: float) -> ServerConfig:
+    return ServerConfig(cfg.label, cfg.config, cfg.flags, [ratio], cfg.meta)
+
+
+def workload_label(workload_args: list[str], bench_args: list[str]) -> str:
+    """A short name such as "sharegpt n=2048" or "random 1024/256 n=1024 rate=inf"."""
+    opts = _opts(bench_args + workload_args)
+    name = opts.get("--dataset-name", "sharegpt")
+    if name == "random":
+        name += f" {opts.get('--random-input-len', 1024)}/{opts.get('--random-output-len', 1024)}"
+    label = f"{name} n={opts.get('--num-prompts', 1000)}"
+    if opts.get("--request-rate", "inf") != "inf":
+        label += f" rate={opts['--request-rate']}"
+    if "--max-concurrency" in opts:
+        label += f" conc={opts['--max-concurrency']}"
+    return label
+
+
+def _opts(argv: list[str]) -> dict[str, str]:
+    opts = {}
+    for i, arg in enumerate(argv):
+        if arg.startswith("--"):
+            key, _, value = arg.partition("=")
+            if not value and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                value = argv[i + 1]
+            opts[key] = value
+    return opts
+
+
+def failure_reason(log_text: str, fallback: str) -> str:
+    """The last error-looking line of a server log (SGLang's refusal), else `fallback`."""
+    lines = [ln.strip() for ln in log_text.splitlines() if _ERROR_LINE.search(ln)]
+    lines = [ln for ln in lines if not ln.startswith(("Traceback", "File "))]
+    return (lines[-1] if lines else fallback)[:500]
+
+
+class Driver:
+    def __init__(self, args):
+        self.args = args
+        self.out = Path(args.out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.results = self.out / RESULTS
+        self.started = time.monotonic()
+        self.server_args = shlex.split(args.server_args or "")
+        self.bench_args = shlex.split(args.bench_args or "")
+        self.workloads = [shlex.split(w) for w in (args.workload or ["--dataset-name sharegpt"])]
+
+    def log_command(self, what: str, argv: list[str]) -> None:
+        with open(self.out / "commands.txt", "a", encoding="utf-8") as f:
+            f.write(f"# {what} ({datetime.datetime.now().isoformat(timespec='seconds')})\n"
+                    f"{shlex.join(argv)}\n")
+
+    def time_left(self) -> float:
+        if not self.args.budget_s:
+            return float("inf")
+        return self.args.budget_s - (time.monotonic() - self.started)
+
+    def skip_rows(self, cfg: ServerConfig, reason: str, command: str,
+                  workloads: list[list[str]] | None = None) -> None:
+        for wl in workloads or self.workloads:
+            opts = _opts(self.bench_args + wl)
+            for ratio in cfg.ratios:
+                rec = {"dataset": opts.get("--dataset-name", "sharegpt"),
+                       "workload": workload_label(wl, self.bench_args),
+                       "model": self.args.model_path, "config": cfg.config,
+                       "window_size": None, "verify_batch_size": None, "skip_compare": None,
+                       "inject_mismatch_rate": None, **cfg.meta, "det_ratio": ratio,
+                       "num_prompts": int(opts.get("--num-prompts", 1000)),
+                       "request_rate": opts.get("--request-rate", "inf"),
+                       "max_concurrency": int(opts["--max-concurrency"]) if (
+                           "--max-concurrency" in opts) else None,
+                       **empty_summary(), "recompute_pct": None, "rollbacks": None,
+                       "verify_passes": None, "reserved_kv_tokens": None,
+                       "gpu": env_info.gpu_name(), "git_commit": env_info.git_commit(),
+                       "command": command, "server_args": shlex.join(self.server_args),
+                       "load_format": _opts(self.server_args).get("--load-format"),
+                       "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                       "skipped": True, "skip_reason": reason}
+                if rec["request_rate"] != "inf":
+                    rec["request_rate"] = float(rec["request_rate"])
+                env_info.append_jsonl(self.results, rec)
+        print(f"[driver] {cfg.label}: skipped ({reason})", flush=True)
+
+    def bench(self, cfg: ServerConfig, url: str, wl: list[str], ratio: float) -> None:
+        a = self.args
+        argv = [sys.executable, "-m", "benchmarks.bench_serving", "--backend", a.backend,
+                "--base-url", url, "--model", a.model_path,
+                "--tokenizer", a.tokenizer or a.model_path, *self.bench_args, *wl,
+                "--config-label", cfg.config, "--deterministic-ratio", f"{ratio:g}",
+                "--output-file", str(self.results), "--disable-tqdm"]
+        for key, flag in (("window_size", "--window-size"),
+                          ("verify_batch_size", "--verify-batch-size"),
+                          ("inject_mismatch_rate", "--inject-mismatch-rate")):
+            if key in cfg.meta:
+                argv += [flag, str(cfg.meta[key])]
+        if cfg.meta.get("skip_compare"):
+            argv.append("--skip-compare")
+        meta = {"workload": workload_label(wl, self.bench_args), "server_label": cfg.label,
+                "server_args": shlex.join(self.server_args + cfg.flags),
+                "load_format": _opts(self.server_args).get("--load-format")}
+        argv += ["--extra-metadata", json.dumps(meta)]
+        self.log_command(f"bench {cfg.label} ratio={ratio:g} {meta['workload']}", argv)
+        log = self.out / f"bench_{cfg.label}.log"
+        timeout = min(a.bench_timeout or float("inf"), max(self.time_left(), 1.0))
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(f"\n==== {shlex.join(argv)}\n")
+            f.flush()
+            try:
+                code = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT,
+                                      cwd=env_info.REPO_ROOT, check=False,
+                                      timeout=None if timeout == float("inf") else timeout
+                                      ).returncode
+            except subprocess.TimeoutExpired:
+                code = "timeout"
+        print(f"[driver] {cfg.label} ratio={ratio:g} {meta['workload']}: exit {code}", flush=True)
+        if code not in (0, 1):  # 1: ran, but some requests failed (the row says how many)
+            tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
+            self.skip_rows(_with_ratio(cfg, ratio),
+                           f"benchmark client failed (exit {code}): {tail[0][:300]}",
+                           shlex.join(argv), [wl])
+
+    def run_config(self, cfg: ServerConfig) -> None:
+        from llm42.server_process import SGLangServer, SGLangServerError
+
+        flags = self.server_args + cfg.flags
+        if self.time_left() < self.args.min_config_s:
+            self.skip_rows(cfg, f"not run: time budget (--budget-s {self.args.budget_s}) spent",
+                           "")
+            return
+        server = SGLangServer(self.args.model_path, flags, port=self.args.port,
+                              log_path=self.out / f"server_{cfg.label}.log",
+                              startup_timeout=min(self.args.startup_timeout, self.time_left()))
+        self.log_command(f"server {cfg.label}", server.args)
+        t0 = time.monotonic()
+        try:
+            server.start()
+        except SGLangServerError as exc:
+            self.skip_rows(cfg, "server did not start: " + failure_reason(
+                server.log_text(), str(exc).splitlines()[0]), shlex.join(server.args))
+            return
+        print(f"[driver] {cfg.label}: server up in {time.monotonic() - t0:.1f} s", flush=True)
+        try:
+            for wl in self.workloads:
+                for ratio in cfg.ratios:
+                    if self.time_left() < self.args.min_run_s:
+                        self.skip_rows(_with_ratio(cfg, ratio), "not run: time budget spent",
+                                       "", [wl])
+                        continue
+                    self.bench(cfg, server.url, wl, ratio)
+        finally:
+            server.stop()
+
+    def run(self) -> None:
+        for cfg in server_configs(self.args):
+            self.run_config(cfg)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-path", help="checkpoint folder given to every server")
+    p.add_argument("--tokenizer", default=None, help="default: --model-path")
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("--configs", default="nondet,sglang-det,llm42",
+                   help=f"comma list of {', '.join(CONFIGS)}")
+    p.add_argument("--det-ratios", default="0.02,0.1,0.5,1.0")
+    p.add_argument("--variant-ratios", default=None,
+                   help="ratios for llm42-skip-compare / llm42-inject (default: --det-ratios)")
+    p.add_argument("--window-sizes", default="64", help="comma list: one llm42 server each")
+    p.add_argument("--verify-batch-size", type=int, default=8)
+    p.add_argument("--inject-mismatch-rate", type=float, default=0.05)
+    p.add_argument("--server-args", default="", help="given identically to every config")
+    p.add_argument("--workload", action="append", default=None,
+                   help='bench_serving args of one workload, e.g. "--dataset-name random '
+                        '--random-input-len 1024 --random-output-len 256"; repeatable '
+                        '(default: "--dataset-name sharegpt")')
+    p.add_argument("--bench-args", default="", help="bench_serving args for every run")
+    p.add_argument("--backend", default="sglang")
+    p.add_argument("--port", type=int, default=None)
+    p.add_argument("--startup-timeout", type=float, default=900.0)
+    p.add_argument("--bench-timeout", type=float, default=None)
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="overall deadline: later runs become skipped rows")
+    p.add_argument("--min-config-s", type=float, default=120.0,
+                   help="with --budget-s: least time left to start another server")
+    p.add_argument("--min-run-s", type=float, default=30.0,
+                   help="with --budget-s: least time left to start another benchmark")
+    p.add_argument("--report-only", action="store_true",
+                   help="only regenerate table.md and the plots from --out-dir/results.jsonl")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out = Path(args.out_dir)
+    if not args.report_only:
+        if not args.model_path:
+            raise SystemExit("error: --model-path is required (unless --report-only).")
+        out.mkdir(parents=True, exist_ok=True)
+        driver = Driver(args)
+        driver.log_command("driver", getattr(sys, "orig_argv", sys.argv))
+        driver.run()
+    results = out / RESULTS
+    if not results.is_file():
+        raise SystemExit(f"error: no {results} to report on.")
+    for path in report.write_report(results, out):
+        print(f"[driver] wrote {path}")
+    print((out / "table.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

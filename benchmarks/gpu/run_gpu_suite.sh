@@ -1,0 +1,248 @@
+#!/usr/bin/env bash
+# run_gpu_suite.sh - llm42 benchmarks and determinism proof on the air-gapped H200 host.
+#
+# Usage (from the repository root, on the GPU host; prepare .gpu/ first on a CPU machine with
+# `python -m benchmarks.gpu.prepare_assets` and send it along, e.g. device carry [".gpu"]):
+#   bash benchmarks/gpu/run_gpu_suite.sh STEP [STEP ...]
+#
+# Steps (each one independent; `setup` runs implicitly and is idempotent):
+#   setup                      install the SGLang bundle + llm42 (offline), write the checkpoints
+#   proof                      determinism proof, llama-3.2-1b shape with random-normal weights,
+#                              modes llm42 and control on one --enable-llm42 server
+#   bench-WORKLOAD[-CONFIG]    driver run; WORKLOAD: sharegpt | arxiv | random1k (1024 in/256
+#                              out) | random4k (4096/1024); CONFIG: nondet | sglang-det | llm42 |
+#                              llm42-skip-compare | llm42-inject | all (default: nondet,
+#                              sglang-det, llm42); Llama-3.1-8B shape, dummy weights
+#   smollm2-sweep              llm42 at ratio 1.0, windows $SWEEP_WINDOWS, + nondet, SmolLM2 shape
+#   online                     ShareGPT at --request-rate $ONLINE_RATE, nondet and llm42 at 0.1
+#   report                     merge every results.jsonl of this run into one table + plots
+#
+# Every step writes into $RUN_DIR/STEP and is packed into $OUT/STEP.tar.gz when it ends; its
+# rows are appended to $OUT/results.jsonl and its table to $OUT/tables.md (the device returns at
+# most 8 files: keep to 5 steps per call). Copy earlier calls' results.jsonl files into
+# .gpu/results/ and run the `report` step (or `driver --report-only` anywhere) to merge them.
+# The whole call has a deadline of $SUITE_BUDGET_S seconds (default 540: the device allows 600
+# per call): a driver step starts no server with less than $MIN_CONFIG_S left and no benchmark
+# with less than 30 s; what it did not run becomes skipped rows saying so. Split long steps with
+# DET_RATIOS (e.g. DET_RATIOS=0.02,0.1 then DET_RATIOS=0.5,1.0) across calls.
+#
+# Environment (defaults): OUT=./gpu-out RUN_DIR=/tmp/llm42-suite BUNDLE=.gpu/bundle
+#   PREFIX=/tmp/sgl PORT=30000 SUITE_BUDGET_S=540 MIN_CONFIG_S=180 STARTUP_TIMEOUT=400
+#   DET_RATIOS=0.02,0.1,0.5,1.0 VARIANT_RATIOS=0.1,1.0 WINDOW=64 VERIFY_BS=8 INJECT_RATE=0.05
+#   SHAREGPT_PROMPTS=2048 ARXIV_PROMPTS=256 RANDOM1K_PROMPTS=1024 RANDOM4K_PROMPTS=256
+#   SWEEP_WINDOWS=16,32,64,128 SWEEP_PROMPTS=1024 SMOLLM2_WEIGHTS=random|dummy
+#   ONLINE_RATE=24 ONLINE_PROMPTS=1024 ONLINE_RATIO=0.1 MAX_RUNNING=256
+#   PROOF_BACKGROUND=0,16,64,256 PROOF_REPEATS=2 PROOF_PROMPTS=4 PROOF_TOKENS=256
+#   COMMON_ARGS (server args for every config; see below) EXTRA_SERVER_ARGS=""
+set -uo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+OUT=${OUT:-$REPO/gpu-out}
+RUN_DIR=${RUN_DIR:-/tmp/llm42-suite}
+BUNDLE=${BUNDLE:-$REPO/.gpu/bundle}
+PREFIX=${PREFIX:-/tmp/sgl}
+PYTHON=${PYTHON:-python3}
+SUITE_BUDGET_S=${SUITE_BUDGET_S:-540}
+MIN_CONFIG_S=${MIN_CONFIG_S:-180}
+STARTUP_TIMEOUT=${STARTUP_TIMEOUT:-400}
+DET_RATIOS=${DET_RATIOS:-0.02,0.1,0.5,1.0}
+VARIANT_RATIOS=${VARIANT_RATIOS:-0.1,1.0}
+WINDOW=${WINDOW:-64}
+VERIFY_BS=${VERIFY_BS:-8}
+INJECT_RATE=${INJECT_RATE:-0.05}
+MAX_RUNNING=${MAX_RUNNING:-256}
+SHAREGPT_PROMPTS=${SHAREGPT_PROMPTS:-2048}
+ARXIV_PROMPTS=${ARXIV_PROMPTS:-256}
+RANDOM1K_PROMPTS=${RANDOM1K_PROMPTS:-1024}
+RANDOM4K_PROMPTS=${RANDOM4K_PROMPTS:-256}
+SWEEP_WINDOWS=${SWEEP_WINDOWS:-16,32,64,128}
+SWEEP_PROMPTS=${SWEEP_PROMPTS:-1024}
+SMOLLM2_WEIGHTS=${SMOLLM2_WEIGHTS:-random}
+ONLINE_RATE=${ONLINE_RATE:-24}
+ONLINE_PROMPTS=${ONLINE_PROMPTS:-1024}
+ONLINE_RATIO=${ONLINE_RATIO:-0.1}
+PROOF_BACKGROUND=${PROOF_BACKGROUND:-0,16,64,256}
+PROOF_REPEATS=${PROOF_REPEATS:-2}
+PROOF_PROMPTS=${PROOF_PROMPTS:-4}
+PROOF_TOKENS=${PROOF_TOKENS:-256}
+EXTRA_SERVER_ARGS=${EXTRA_SERVER_ARGS:-}
+# Identical for every configuration (README of the bundle: triton attention, no radix cache,
+# a cap on running requests so sglang-det does not run out of memory, no prefill graphs).
+COMMON_ARGS=${COMMON_ARGS:-"--attention-backend triton --sampling-backend pytorch --disable-radix-cache --max-running-requests $MAX_RUNNING --cuda-graph-backend-prefill=disabled --cuda-graph-max-bs-decode $MAX_RUNNING $EXTRA_SERVER_ARGS"}
+
+LLM42_SITE=$PREFIX/llm42-site
+MODELS=$RUN_DIR/models
+DATA=$RUN_DIR/data
+MODEL_8B=${MODEL_8B:-$PREFIX/assets/models/Llama-3.1-8B-Instruct-dummy}
+MODEL_1B=${MODEL_1B:-$MODELS/llama-3.2-1b-random}
+MODEL_SMOL=$MODELS/smollm2-135m-$SMOLLM2_WEIGHTS
+SHAREGPT=$REPO/.gpu/data/sharegpt_first_turns.json.xz
+ARXIV=$DATA/arxiv_like.jsonl
+mkdir -p "$OUT" "$RUN_DIR"
+exec > >(tee -a "$OUT/suite.log") 2>&1
+T0=$(date +%s)
+log() { echo "[suite +$(( $(date +%s) - T0 ))s] $*"; }
+remaining() { echo $(( SUITE_BUDGET_S - ($(date +%s) - T0) )); }
+
+setup() {
+  [[ -f $RUN_DIR/.setup-done ]] && return 0
+  [[ -f $BUNDLE/install.sh ]] || { log "no $BUNDLE/install.sh: run prepare_assets first"; return 1; }
+  if [[ ! -f $PREFIX/env.sh ]]; then
+    log "installing the SGLang bundle into $PREFIX"
+    PYTHON=$PYTHON bash "$BUNDLE/install.sh" "$BUNDLE" "$PREFIX" || return 1
+  fi
+  # shellcheck disable=SC1091
+  source "$PREFIX/env.sh"
+  log "installing llm42 into $LLM42_SITE (copy + dist-info with the sglang.srt.plugins entry point)"
+  "$PYTHON" "$REPO/benchmarks/gpu/install_llm42.py" --target "$LLM42_SITE" --root "$REPO" || return 1
+  env_python -c "
+from importlib.metadata import entry_points
+eps = [e for e in entry_points(group='sglang.srt.plugins') if e.name == 'llm42']
+assert eps, 'llm42 entry point not visible'
+eps[0].load(); import llm42, sglang
+print('plugin entry point OK:', eps[0].value, 'llm42 from', llm42.__file__, 'sglang', sglang.__version__)
+" || return 1
+  mkdir -p "$MODELS" "$DATA"
+  touch "$RUN_DIR/.setup-done"
+}
+
+env_python() {  # llm42's copy first, the repo (for `benchmarks`) last; never cwd = the repo
+  (cd "$RUN_DIR" && PYTHONPATH="$LLM42_SITE:${PYTHONPATH:-}:$REPO" \
+     LLM42_GIT_COMMIT="${LLM42_GIT_COMMIT:-$(cat "$REPO/.gpu/GIT_COMMIT" 2>/dev/null)}" \
+     PYTHONUNBUFFERED=1 "$PYTHON" "$@")
+}
+
+model_1b() {
+  [[ -f $MODEL_1B/model.safetensors ]] && return 0
+  log "writing $MODEL_1B (llama-3.2-1b shape, N(0, 0.02^2) weights, bf16, Llama-3 tokenizer)"
+  env_python -m llm42.models random-llama --preset llama-3.2-1b --out "$MODEL_1B" \
+    --dtype bfloat16 --seed 0 --tokenizer "$MODEL_8B"
+}
+
+model_smollm2() {
+  [[ -f $MODEL_SMOL/config.json ]] && return 0
+  if [[ $SMOLLM2_WEIGHTS == dummy ]]; then
+    mkdir -p "$MODEL_SMOL" && cp "$REPO"/.gpu/smollm2/* "$MODEL_SMOL"/
+  else
+    log "writing $MODEL_SMOL (SmolLM2-135M shape, random-normal weights)"
+    env_python - "$REPO/.gpu/smollm2" "$MODEL_SMOL" <<'EOF'
+import json, sys
+from llm42.models import write_random_llama
+src, out = sys.argv[1], sys.argv[2]
+cfg = json.load(open(f"{src}/config.json"))
+keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings",
+        "rms_norm_eps", "tie_word_embeddings")
+over = {k: cfg[k] for k in keys if k in cfg}
+over["rope_theta"] = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 1e4))
+print(write_random_llama(out, preset="tiny", dtype="bfloat16", tokenizer_dir=src, overrides=over))
+EOF
+  fi
+}
+
+arxiv_data() {
+  [[ -f $ARXIV ]] || env_python -m benchmarks.make_arxiv_like --out "$ARXIV" --num-records 512 --seed 0
+}
+
+pack() {  # $1 = step name. The device returns at most 8 files: per call suite.log,
+  # results.jsonl and tables.md (appended by every step) and one STEP.tar.gz per step.
+  local step=$1 dir=$RUN_DIR/$1
+  [[ -d $dir ]] || return 0
+  [[ -f $dir/results.jsonl && $step != report ]] && cat "$dir/results.jsonl" >> "$OUT/results.jsonl"
+  for f in table.md proof.md; do
+    [[ -f $dir/$f ]] && { echo "## $step: $f"; cat "$dir/$f"; echo; } >> "$OUT/tables.md"
+  done
+  tar -czf "$OUT/$step.tar.gz" -C "$RUN_DIR" "$step" && log "packed $OUT/$step.tar.gz"
+}
+
+driver() {  # $1 = step name, $2 = model, $3 = configs, $4 = ratios, then driver args
+  local step=$1 model=$2 configs=$3 ratios=$4; shift 4
+  local fmt="" budget
+  budget=$(( $(remaining) - 20 ))  # leave time to pack the results
+  if (( budget < MIN_CONFIG_S )); then log "step $step: skipped, only ${budget}s left"; return 1; fi
+  [[ $model == "$MODEL_8B" || $SMOLLM2_WEIGHTS == dummy && $model == "$MODEL_SMOL" ]] && fmt="--load-format dummy"
+  log "step $step: configs $configs ratios $ratios model $model"
+  env_python -m benchmarks.driver --model-path "$model" --out-dir "$RUN_DIR/$step" \
+    --configs "$configs" --det-ratios "$ratios" --variant-ratios "$VARIANT_RATIOS" \
+    --verify-batch-size "$VERIFY_BS" --inject-mismatch-rate "$INJECT_RATE" \
+    --server-args "$COMMON_ARGS $fmt --random-seed 7" --port "${PORT:-30000}" \
+    --startup-timeout "$STARTUP_TIMEOUT" --budget-s "$budget" --min-config-s "$MIN_CONFIG_S" "$@"
+  local code=$?
+  log "step $step: driver exit $code"
+  return $code
+}
+
+bench_step() {  # bench-WORKLOAD[-CONFIG]
+  local rest=${1#bench-} workload config
+  workload=${rest%%-*}
+  config=${rest#"$workload"}; config=${config#-}
+  case $config in
+    "") config=nondet,sglang-det,llm42 ;;
+    all) config=nondet,sglang-det,llm42,llm42-skip-compare,llm42-inject ;;
+  esac
+  local wl common="--seed 1"
+  case $workload in
+    sharegpt) wl="--dataset-name sharegpt --dataset-path $SHAREGPT"
+              common="$common --num-prompts $SHAREGPT_PROMPTS" ;;
+    arxiv)    arxiv_data; wl="--dataset-name arxiv --dataset-path $ARXIV"
+              common="$common --num-prompts $ARXIV_PROMPTS" ;;
+    random1k) wl="--dataset-name random --random-input-len 1024 --random-output-len 256 --random-range-ratio 1.0"
+              common="$common --num-prompts $RANDOM1K_PROMPTS" ;;
+    random4k) wl="--dataset-name random --random-input-len 4096 --random-output-len 1024 --random-range-ratio 1.0"
+              common="$common --num-prompts $RANDOM4K_PROMPTS" ;;
+    *) log "unknown workload in step $1"; return 1 ;;
+  esac
+  driver "$1" "$MODEL_8B" "$config" "$DET_RATIOS" --window-sizes "$WINDOW" \
+    --workload "$wl" --bench-args "$common"
+}
+
+run_step() {
+  local step=$1
+  case $step in
+    setup) ;;
+    proof)
+      model_1b || return 1
+      if (( $(remaining) < 240 )); then log "step proof: skipped, only $(remaining)s left"; return 1; fi
+      log "step proof: background $PROOF_BACKGROUND x $PROOF_REPEATS repeats"
+      env_python -m benchmarks.determinism_proof --launch --model-path "$MODEL_1B" \
+        --server-args "$COMMON_ARGS --enable-llm42 --llm42-window-size $WINDOW --llm42-verify-batch-size $VERIFY_BS --random-seed 7" \
+        --mode both --background "$PROOF_BACKGROUND" --repeats "$PROOF_REPEATS" \
+        --num-prompts "$PROOF_PROMPTS" --max-new-tokens "$PROOF_TOKENS" \
+        --startup-timeout "$STARTUP_TIMEOUT" --out-dir "$RUN_DIR/proof"
+      local code=$?
+      log "step proof: exit $code (0: llm42 all identical and control diverged)"
+      return $code ;;
+    bench-*) bench_step "$step" ;;
+    smollm2-sweep)
+      model_smollm2 || return 1
+      driver "$step" "$MODEL_SMOL" nondet,llm42 1.0 --window-sizes "$SWEEP_WINDOWS" \
+        --workload "--dataset-name sharegpt --dataset-path $SHAREGPT" \
+        --bench-args "--seed 1 --num-prompts $SWEEP_PROMPTS" ;;
+    online)
+      driver "$step" "$MODEL_8B" nondet,llm42 "$ONLINE_RATIO" --window-sizes "$WINDOW" \
+        --workload "--dataset-name sharegpt --dataset-path $SHAREGPT --request-rate $ONLINE_RATE" \
+        --bench-args "--seed 1 --num-prompts $ONLINE_PROMPTS" ;;
+    report)
+      mkdir -p "$RUN_DIR/report"
+      # every results file of this machine and any copied back into .gpu/results/ (earlier calls)
+      cat "$RUN_DIR"/*/results.jsonl "$REPO"/.gpu/results/*.jsonl 2>/dev/null \
+        | awk 'NF && !seen[$0]++' > "$RUN_DIR/report/results.jsonl"
+      env_python -m benchmarks.driver --report-only --out-dir "$RUN_DIR/report" ;;
+    *) log "unknown step $step"; return 1 ;;
+  esac
+}
+
+[[ $# -gt 0 ]] || { sed -n 2,30p "${BASH_SOURCE[0]}"; exit 2; }
+setup || { log "setup failed"; exit 1; }
+# shellcheck disable=SC1091
+source "$PREFIX/env.sh"
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
+status=0
+for step in "$@"; do
+  [[ $step == setup ]] && continue
+  log "== $step"
+  run_step "$step" || status=1
+  pack "$step"
+done
+log "done (exit $status)"
+exit $status

@@ -1,0 +1,227 @@
+"""Results JSONL -> `table.md`, `throughput_vs_ratio.png`, `latency.png` (+ window sweep plot).
+
+    python -m benchmarks.report results.jsonl --out-dir out/     # also: driver --report-only
+
+Throughput is normalised per workload to the `nondet` row (plain SGLang) and to `sglang-det`
+(SGLang's batch-invariant mode) of the same workload; skipped rows stay in the table with
+their reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+LAT_COLUMNS = [(f"{lat} p50/p99 (ms)", f"{lat.lower()}_p50_ms", f"{lat.lower()}_p99_ms")
+               for lat in ("TTFT", "ITL", "E2E")]
+
+
+def load_rows(path: str | Path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def workload_of(row: dict) -> str:
+    """The driver's workload label, else one built from the run's shape."""
+    if row.get("workload"):
+        return row["workload"]
+    name = row.get("dataset", "?")
+    if name == "random":
+        name += f"-{row.get('random_input_len')}x{row.get('random_output_len')}"
+    return f"{name} n={row.get('num_prompts')} rate={row.get('request_rate')}"
+
+
+def variant_of(row: dict) -> str:
+    """What the server ran: nondet, sglang-det, or llm42 with its knobs."""
+    if row.get("config") != "llm42":
+        return row.get("config", "?")
+    label = f"llm42 W{row.get('window_size')} B{row.get('verify_batch_size')}"
+    if row.get("skip_compare"):
+        label += " skip-compare"
+    if row.get("inject_mismatch_rate"):
+        label += f" inject={row['inject_mismatch_rate']:g}"
+    return label
+
+
+def _baselines(rows: list[dict]) -> dict[tuple[str, str], float]:
+    """(workload, config) -> output throughput of the last completed nondet / sglang-det row."""
+    base: dict[tuple[str, str], float] = {}
+    for row in rows:
+        if row.get("config") in ("nondet", "sglang-det") and not row.get("skipped") and (
+                row.get("output_throughput")):
+            base[(workload_of(row), row["config"])] = row["output_throughput"]
+    return base
+
+
+def _fmt(value, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def _ratio(value, base) -> str:
+    return f"{value / base:.3f}x" if value and base else "-"
+
+
+def markdown_table(rows: list[dict]) -> str:
+    base = _baselines(rows)
+    header = (["workload", "config", "det ratio", "done", "out tok/s", "vs nondet",
+               "vs sglang-det"] + [c[0] for c in LAT_COLUMNS]
+              + ["recompute %", "rollbacks", "verify passes", "note"])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        wl, out = workload_of(row), row.get("output_throughput")
+        note = row.get("skip_reason") or ""
+        if row.get("failed"):
+            note = (note + f" {row['failed']} failed").strip()
+        if "synthetic" in str(row.get("dataset_source", "")):
+            note = (note + " ArXiv-like synthetic data").strip()
+        if row.get("load_format") == "dummy":
+            note = (note + " dummy weights").strip()
+        cells = [wl, variant_of(row), _fmt(row.get("det_ratio"), 2),
+                 f"{row.get('completed', 0)}/{row.get('num_prompts', '?')}",
+                 _fmt(out), _ratio(out, base.get((wl, "nondet"))),
+                 _ratio(out, base.get((wl, "sglang-det")))]
+        cells += [f"{_fmt(row.get(p50))} / {_fmt(row.get(p99))}" for _, p50, p99 in LAT_COLUMNS]
+        cells += [_fmt(row.get("recompute_pct"), 3), _fmt(row.get("rollbacks")),
+                  _fmt(row.get("verify_passes")), note.replace("|", "/")[:200]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_throughput_vs_ratio(rows: list[dict], path: Path) -> None:
+    plt = _plt()
+    base = _baselines(rows)
+    workloads = sorted({workload_of(r) for r in rows})
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 4), squeeze=False)
+    for ax, wl in zip(axes[0], workloads):
+        nondet = base.get((wl, "nondet"))
+        series: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        for r in rows:
+            if workload_of(r) == wl and r.get("config") == "llm42" and not r.get("skipped") and (
+                    r.get("output_throughput")):
+                y = r["output_throughput"] / nondet if nondet else r["output_throughput"]
+                series[variant_of(r)].append((r["det_ratio"], y))
+        for label, points in sorted(series.items()):
+            xs, ys = zip(*sorted(points))
+            ax.plot(xs, ys, marker="o", label=label)
+        if nondet:
+            ax.axhline(1.0, color="black", linestyle="--", label="nondet (SGLang)")
+        if (wl, "sglang-det") in base:
+            det = base[(wl, "sglang-det")]
+            ax.axhline(det / nondet if nondet else det, color="red", linestyle=":",
+                       label="sglang-det")
+        ax.set_xlabel("fraction of deterministic requests")
+        ax.set_ylabel("output throughput / nondet" if nondet else "output tok/s")
+        ax.set_title(wl, fontsize=9)
+        ax.set_ylim(bottom=0)
+        ax.set_xlim(-0.03, 1.03)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_latency(rows: list[dict], path: Path) -> None:
+    plt = _plt()
+    done = [r for r in rows if not r.get("skipped") and r.get("completed")]
+    workloads = sorted({workload_of(r) for r in done}) or ["(no completed runs)"]
+    fig, axes = plt.subplots(len(workloads), 3, figsize=(15, 3.8 * len(workloads)),
+                             squeeze=False)
+    for axrow, wl in zip(axes, workloads):
+        mine = [r for r in done if workload_of(r) == wl]
+        labels = [f"{variant_of(r)}\nr={r['det_ratio']:g}" for r in mine]
+        for ax, (title, p50, p99) in zip(axrow, LAT_COLUMNS):
+            xs = range(len(mine))
+            ax.bar([x - 0.2 for x in xs], [r.get(p50) or 0 for r in mine], 0.4, label="p50")
+            ax.bar([x + 0.2 for x in xs], [r.get(p99) or 0 for r in mine], 0.4, label="p99")
+            ax.set_xticks(list(xs), labels, rotation=60, ha="right", fontsize=6)
+            ax.set_title(f"{title.split()[0]}: {wl}", fontsize=8)
+            ax.set_ylabel("ms")
+            ax.grid(axis="y", alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_window_sweep(rows: list[dict], path: Path) -> bool:
+    """Output throughput vs window size per (workload, ratio), when rows hold several windows."""
+    runs = [r for r in rows if r.get("config") == "llm42" and not r.get("skipped")
+            and r.get("output_throughput") and not r.get("skip_compare")
+            and not r.get("inject_mismatch_rate")]
+    if len({r.get("window_size") for r in runs}) < 2:
+        return False
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for r in runs:
+        series[f"{workload_of(r)} r={r['det_ratio']:g}"].append(
+            (r["window_size"], r["output_throughput"]))
+    for label, points in sorted(series.items()):
+        xs, ys = zip(*sorted(points))
+        ax.plot(xs, ys, marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("llm42 window size W")
+    ax.set_ylabel("output tok/s")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+_CONFIG_ORDER = {"nondet": 0, "sglang-det": 1, "llm42": 2}
+
+
+def sort_rows(rows: list[dict]) -> list[dict]:
+    """Per workload: nondet, sglang-det, then llm42 variants by ratio (stable otherwise)."""
+    return sorted(rows, key=lambda r: (
+        workload_of(r), _CONFIG_ORDER.get(r.get("config"), 9), r.get("window_size") or 0,
+        bool(r.get("skip_compare")), r.get("inject_mismatch_rate") or 0.0,
+        r.get("det_ratio") or 0.0))
+
+
+def write_report(jsonl: str | Path, out_dir: str | Path) -> list[Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = sort_rows(load_rows(jsonl))
+    table = out / "table.md"
+    table.write_text(f"# Results ({Path(jsonl).name}, {len(rows)} rows)\n\n" + markdown_table(rows)
+                     + "\nOutput throughput normalised per workload; `-` where the baseline "
+                     "configuration has no completed run.\n")
+    written = [table, out / "throughput_vs_ratio.png", out / "latency.png"]
+    plot_throughput_vs_ratio(rows, written[1])
+    plot_latency(rows, written[2])
+    if plot_window_sweep(rows, out / "throughput_vs_window.png"):
+        written.append(out / "throughput_vs_window.png")
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("jsonl")
+    p.add_argument("--out-dir", default=None, help="default: the JSONL's folder")
+    args = p.parse_args(argv)
+    for path in write_report(args.jsonl, args.out_dir or Path(args.jsonl).parent):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

