@@ -6,7 +6,8 @@
 A seeded subset of `--deterministic-ratio` of the requests carries `is_deterministic: true`
 (sent only to a server whose `/llm42_stats` says llm42 is enabled; others would reject it).
 Each run appends one JSON line (keys: `benchmarks.metrics.REQUIRED_KEYS` and more) and prints a
-summary table.
+summary table. Exit code 0: all requests completed; 1: some failed (the row counts them);
+2: nothing ran (no row; the error says why).
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ SUMMARY_ROWS = [
     ("Output token throughput (tok/s)", "output_throughput", "{:.2f}"),
     ("Total token throughput (tok/s)", "total_throughput", "{:.2f}"),
 ]
+
+
+class BenchError(RuntimeError):
+    """The benchmark could not run (exit code 2, no row written); the message says why."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -211,20 +216,20 @@ def print_summary(rec: dict) -> None:
 
 
 def run(args) -> dict:
-    from transformers import AutoTokenizer
-
     base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
     model = args.model or (_get_json(base_url + "/get_model_info") or {}).get("model_path")
     if not model:
-        raise SystemExit(f"error: no --model given and {base_url}/get_model_info did not "
+        raise BenchError(f"no --model given and {base_url}/get_model_info did not "
                          "answer; start the server first or pass --model.")
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or model)
     rows = load_rows(args, tokenizer)
     stats = _get_json(base_url + "/llm42_stats")
     has_llm42 = bool(stats and stats.get("enabled"))
     if args.deterministic_ratio > 0 and not has_llm42:
-        raise SystemExit(
-            f"error: --deterministic-ratio {args.deterministic_ratio} needs a server started "
+        raise BenchError(
+            f"--deterministic-ratio {args.deterministic_ratio} needs a server started "
             f"with --enable-llm42, but {base_url}/llm42_stats says "
             f"{'it is absent' if stats is None else stats}. Use --deterministic-ratio 0 for "
             "the nondet and sglang-det configurations.")
@@ -250,7 +255,7 @@ def run(args) -> dict:
         outs, _ = asyncio.run(run_requests(_quiet(args), base_url, warm))
         failed = [o.error for o in outs if not o.success]
         if failed:
-            raise SystemExit(f"error: warm-up request failed: {failed[0][-1000:]}")
+            raise BenchError(f"warm-up request failed: {failed[0][-1000:]}")
     _post(base_url + "/flush_cache")  # no prefix-cache hits carried over from earlier runs
     if has_llm42 and not _post(base_url + "/reset_llm42_stats"):
         print("warning: POST /reset_llm42_stats failed; llm42 counters include earlier work")
@@ -291,7 +296,11 @@ def _quiet(args):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    rec = run(args)
+    try:
+        rec = run(args)
+    except (BenchError, OSError, ValueError) as exc:  # OSError: files, tokenizer, network
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
     return 0 if rec["completed"] == rec["num_prompts"] else 1
 
 

@@ -83,6 +83,13 @@ def server_configs(args) -> list[ServerConfig]:
     return out
 
 
+def _count_lines(path: Path) -> int:
+    if not path.is_file():
+        return 0
+    with open(path, encoding="utf-8") as f:
+        return sum(1 for line in f if line.strip())
+
+
 def _with_ratio(cfg: ServerConfig, ratio: float) -> ServerConfig:
     return ServerConfig(cfg.label, cfg.config, cfg.flags, [ratio], cfg.meta)
 
@@ -186,6 +193,7 @@ class Driver:
         argv += ["--extra-metadata", json.dumps(meta)]
         self.log_command(f"bench {cfg.label} ratio={ratio:g} {meta['workload']}", argv)
         log = self.out / f"bench_{cfg.label}.log"
+        rows_before = _count_lines(self.results)
         timeout = min(a.bench_timeout or float("inf"), max(self.time_left(), 1.0))
         with open(log, "a", encoding="utf-8") as f:
             f.write(f"\n==== {shlex.join(argv)}\n")
@@ -198,10 +206,11 @@ class Driver:
             except subprocess.TimeoutExpired:
                 code = "timeout"
         print(f"[driver] {cfg.label} ratio={ratio:g} {meta['workload']}: exit {code}", flush=True)
-        if code not in (0, 1):  # 1: ran, but some requests failed (the row says how many)
-            tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
+        if _count_lines(self.results) == rows_before:  # exit 1 still writes its row
+            lines = log.read_text(errors="replace").strip().splitlines() or [""]
+            errors = [ln for ln in lines if ln.startswith("error:")]
             self.skip_rows(_with_ratio(cfg, ratio),
-                           f"benchmark client failed (exit {code}): {tail[0][:300]}",
+                           f"benchmark client failed (exit {code}): {(errors or lines)[-1][:300]}",
                            shlex.join(argv), [wl])
 
     def run_config(self, cfg: ServerConfig) -> None:

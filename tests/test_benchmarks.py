@@ -197,6 +197,15 @@ def test_choose_deterministic_rejects_bad_ratio():
         choose_deterministic(10, 1.5, seed=0)
 
 
+def test_bench_serving_without_server_exits_2_and_writes_nothing(tmp_path, capsys):
+    from benchmarks.bench_serving import main
+
+    out = tmp_path / "r.jsonl"
+    assert main(["--base-url", "http://127.0.0.1:9", "--output-file", str(out)]) == 2
+    assert "no --model given" in capsys.readouterr().err
+    assert not out.exists()
+
+
 # -- ITL accounting ----------------------------------------------------------------------------
 def test_timer_spreads_multi_token_chunks():
     out = RequestOutput(start_time=10.0)
