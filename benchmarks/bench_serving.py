@@ -20,6 +20,7 @@ if __package__ in (None, ""):  # run as a script: import `benchmarks` from the r
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -27,6 +28,7 @@ import random
 import shlex
 import time
 
+import aiohttp
 import numpy as np
 import requests
 
@@ -137,8 +139,22 @@ def _post(url: str, timeout: float = 60) -> bool:
         return False
 
 
-async def run_requests(args, base_url: str, inputs: list[RequestInput]) -> tuple[
-        list[RequestOutput], float]:
+async def _poll_peak(session, url: str, key: str, peak: list[int]) -> None:
+    """Track the largest `key` of GET url while the run lasts (a gauge read only at the end of
+    the run would miss it)."""
+    while True:
+        try:
+            async with session.get(url) as r:
+                value = (await r.json()).get(key) if r.status == 200 else None
+            if isinstance(value, int):
+                peak[0] = max(peak[0], value)
+        except (aiohttp.ClientError, ValueError):
+            pass
+        await asyncio.sleep(1.0)
+
+
+async def run_requests(args, base_url: str, inputs: list[RequestInput], *,
+                       peak: list[int] | None = None) -> tuple[list[RequestOutput], float]:
     from tqdm.asyncio import tqdm
 
     pbar = None if args.disable_tqdm else tqdm(total=len(inputs), desc="requests")
@@ -157,6 +173,8 @@ async def run_requests(args, base_url: str, inputs: list[RequestInput]) -> tuple
                 pbar.update(1)
             return out
 
+        poller = None if peak is None else asyncio.create_task(
+            _poll_peak(session, base_url + "/llm42_stats", "reserved_kv_tokens", peak))
         start = time.perf_counter()
         tasks = []
         for i, req in enumerate(inputs):
@@ -165,6 +183,10 @@ async def run_requests(args, base_url: str, inputs: list[RequestInput]) -> tuple
                 await asyncio.sleep(float(intervals[i]))
         outputs = await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
+        if poller is not None:
+            poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await poller
     if pbar is not None:
         pbar.close()
     return list(outputs), duration
@@ -260,7 +282,8 @@ def run(args) -> dict:
     if has_llm42 and not _post(base_url + "/reset_llm42_stats"):
         print("warning: POST /reset_llm42_stats failed; llm42 counters include earlier work")
 
-    outputs, duration = asyncio.run(run_requests(args, base_url, inputs))
+    peak = [0] if has_llm42 else None
+    outputs, duration = asyncio.run(run_requests(args, base_url, inputs, peak=peak))
     rec = {"dataset": args.dataset_name,
            "dataset_source": dataset_source(args.dataset_name, args.dataset_path),
            "backend": args.backend, "model": model, "config": args.config_label,
@@ -276,6 +299,9 @@ def run(args) -> dict:
     rec.update(summarize(outputs, is_det, prompt_lens=[r.prompt_len for r in rows],
                          duration_s=duration))
     rec.update(llm42_fields(args, _get_json(base_url + "/llm42_stats") if has_llm42 else None))
+    if peak is not None and rec["reserved_kv_tokens"] is not None:
+        # the peak seen while running (polled each second), not the idle value at the end
+        rec["reserved_kv_tokens"] = max(rec["reserved_kv_tokens"], peak[0])
     rec.update(gpu=env_info.gpu_name(), git_commit=env_info.git_commit(),
                command=shlex.join(getattr(sys, "orig_argv", sys.argv)),
                timestamp=datetime.datetime.now(datetime.timezone.utc).isoformat(),
