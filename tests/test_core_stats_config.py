@@ -17,6 +17,7 @@ SNAPSHOT_KEYS = {
     "tokens_rolled_back",
     "injected_mismatches",
     "inconsistent_tokens",
+    "retraction_restarts",
     "recompute_pct",
     "verify_time_s",
     "det_requests_finished",
@@ -57,6 +58,7 @@ def test_stats_arithmetic() -> None:
     stats.observe_decision(ACCEPT)  # commits 4
     stats.observe_decision(ROLLBACK)  # commits 1 accepted + 1 corrected, drops 5
     stats.observe_finished()
+    stats.observe_restart()
     snapshot = stats.snapshot()
     expected = {
         "verify_passes": 2,
@@ -70,6 +72,7 @@ def test_stats_arithmetic() -> None:
         "recompute_pct": 100 * 5 / 11,
         "verify_time_s": 0.75,
         "det_requests_finished": 1,
+        "retraction_restarts": 1,
     }
     assert snapshot == pytest.approx(expected), f"expected {expected}, found {snapshot}"
     stats.reset()

@@ -125,13 +125,25 @@ def test_apply_rejects_stale_decision() -> None:
         state.apply(decision)
 
 
-@pytest.mark.parametrize("method", ["rollback_unverified", "reset_for_retract"])
-def test_drop_candidates(method: str) -> None:
+def test_drop_candidates() -> None:
     state = make_state(4, 5, 9, finishing=True)
-    assert getattr(state, method)() == 4
+    assert state.rollback_unverified() == 4
     assert (state.num_verified_tokens, state.num_output_tokens) == (5, 5)
     assert not state.is_finishing and state.num_rollbacks == 0, "dropping is not a rollback"
-    assert getattr(state, method)() == 0, "nothing left to drop"
+    assert state.rollback_unverified() == 0, "nothing left to drop"
+
+
+def test_restart_forgets_outputs_and_keeps_counters() -> None:
+    """A retracted request starts over from its prompt: window 0 is the next to verify."""
+    state = make_state(4, 9, 12, finishing=True)
+    state.num_verify_passes, state.num_rollbacks = 3, 1
+    assert state.restart() == 12
+    assert (state.num_verified_tokens, state.num_output_tokens) == (0, 0)
+    assert not state.is_finishing and not state.is_ready
+    assert (state.num_verify_passes, state.num_rollbacks, state.num_restarts) == (3, 1, 1)
+    state.on_first_token()
+    state.append_candidates(4)
+    assert state.is_ready and state.window_index == 0 and state.prefix_len == P
 
 
 def test_state_uses_identity_equality() -> None:

@@ -25,6 +25,7 @@ class Llm42Stats:
     inconsistent_tokens: int = 0
     verify_time_s: float = 0.0
     det_requests_finished: int = 0
+    retraction_restarts: int = 0  # deterministic requests retracted and restarted from the prompt
 
     def observe_pass(self, num_real_rows: int, num_pad_rows: int, seconds: float) -> None:
         self.verify_passes += 1
@@ -43,6 +44,9 @@ class Llm42Stats:
 
     def observe_finished(self) -> None:
         self.det_requests_finished += 1
+
+    def observe_restart(self) -> None:
+        self.retraction_restarts += 1
 
     @property
     def recompute_pct(self) -> float:
@@ -63,6 +67,7 @@ class Llm42Stats:
             "recompute_pct": self.recompute_pct,
             "verify_time_s": self.verify_time_s,
             "det_requests_finished": self.det_requests_finished,
+            "retraction_restarts": self.retraction_restarts,
         }
 
     def reset(self) -> None:

@@ -52,6 +52,7 @@ class DetRequestState:
     num_verify_passes: int = 0
     num_rollbacks: int = 0
     num_tokens_rolled_back: int = 0
+    num_restarts: int = 0
     is_finishing: bool = False
 
     def __post_init__(self) -> None:
@@ -183,7 +184,7 @@ class DetRequestState:
         self._check_invariants()
 
     def rollback_unverified(self) -> int:
-        """Drop all candidates [u, n) (abort, retraction); return how many were dropped.
+        """Drop all candidates [u, n) (abort); return how many were dropped.
 
         Not counted as a rollback: no mismatch was seen, the candidates are simply discarded.
         """
@@ -193,14 +194,22 @@ class DetRequestState:
         self._check_invariants()
         return num_dropped
 
-    def reset_for_retract(self) -> int:
-        """Retraction: keep [0, u), drop the candidates; return how many were dropped.
+    def restart(self) -> int:
+        """Retraction: forget every output token, verified ones too; return how many were dropped.
 
-        The adapter truncates its output list to u. The token produced by the later re-prefill is
-        a candidate (``append_candidates``), not a verified token: only the aligned verifier row
-        decides what follows u, so a retraction never changes the result.
+        A re-prefill of prompt + outputs would rebuild the outputs' KV in one prefill instead of
+        the verifier's windows (and the prompt's KV in a longer extend), so the rows verified
+        later would see other prefix KV than in an unretracted run. Restarting from the prompt
+        alone repeats the original solo prefill and every window exactly; the verified tokens
+        come back bit for bit. Per-request counters keep counting across restarts.
         """
-        return self.rollback_unverified()
+        num_dropped = self.num_output_tokens
+        self.num_output_tokens = 0
+        self.num_verified_tokens = 0
+        self.is_finishing = False
+        self.num_restarts += 1
+        self._check_invariants()
+        return num_dropped
 
     # ------------------------------------------------------------------ invariants
 
@@ -218,10 +227,11 @@ class DetRequestState:
             raise InvariantError(
                 f"{self.rid}: o_0 is verified as soon as it exists, found verified={u}, output={n}"
             )
-        counters = (self.num_verify_passes, self.num_rollbacks, self.num_tokens_rolled_back)
+        counters = (self.num_verify_passes, self.num_rollbacks, self.num_tokens_rolled_back,
+                    self.num_restarts)
         if min(counters) < 0:
             raise InvariantError(
-                f"{self.rid}: counters must be >= 0, found passes/rollbacks/rolled back {counters}"
+                f"{self.rid}: counters must be >= 0, found passes/rollbacks/rolled back/restarts {counters}"
             )
         if self.num_rollbacks > self.num_verify_passes:
             raise InvariantError(

@@ -27,6 +27,7 @@ META_KEYS = {
     "llm42_verify_passes": "num_verify_passes",
     "llm42_rollbacks": "num_rollbacks",
     "llm42_tokens_rolled_back": "num_tokens_rolled_back",
+    "llm42_restarts": "num_restarts",
 }
 
 
@@ -84,6 +85,7 @@ def req_init_hook(result, req, *args, **kwargs):
     )
     req._llm42 = state
     req._llm42_finish = None
+    req._llm42_published = None  # verified tokens published before a retraction restart
     # Never match or publish radix-cache prefixes: cached KV was computed by other batches.
     req.extra_key = f"llm42-det:{req.rid}"
     req.skip_radix_cache_insert = True
@@ -94,12 +96,19 @@ def req_init_hook(result, req, *args, **kwargs):
 
 
 def output_ids_through_stop_getter(original_fget, req):
-    """Unfinished deterministic requests publish only their verified tokens."""
+    """Unfinished deterministic requests publish only their verified tokens.
+
+    After a retraction restart (below) the request regenerates tokens it already published;
+    they come back identical, so until it catches up the published list stands for them and
+    SGLang's monotonic stream offsets never see the output shrink."""
     ids = original_fget(req)
     state = det_state(req)
-    if state is None or req.finished():
+    if state is None:
         return ids
-    return ids[: state.num_verified_tokens]
+    if not req.finished():
+        ids = ids[: state.num_verified_tokens]
+    published = req._llm42_published
+    return published if published is not None and len(published) > len(ids) else ids
 
 
 def update_finish_state_hook(original, req, new_accepted_len: int = 1):
@@ -129,6 +138,24 @@ def _sync_new_tokens(state: DetRequestState, req) -> None:
         num_new -= 1
     if num_new:
         state.append_candidates(num_new)
+
+
+def reset_for_retract_hook(result, req, *args, **kwargs):
+    """AFTER Req.reset_for_retract: a retracted deterministic request restarts from its prompt.
+
+    SGLang keeps the outputs and re-prefills prompt + outputs, which would give the verified
+    tokens KV computed by a prefill instead of by their windows (`DetRequestState.restart`).
+    Its KV is already released (`release_kv_cache`), so only the lists are cut."""
+    state = det_state(req)
+    if state is None:
+        return
+    verified = list(req.output_ids[: state.num_verified_tokens])
+    if req._llm42_published is None or len(verified) > len(req._llm42_published):
+        req._llm42_published = verified
+    state.restart()
+    kv_rollback.truncate_output(runtime.RUNTIME.scheduler, req, 0, None)
+    req._llm42_finish = None
+    runtime.RUNTIME.stats.observe_restart()
 
 
 # ---------------------------------------------------------------- prefill isolation

@@ -1,0 +1,77 @@
+"""Memory pressure: deterministic requests retracted by SGLang and resumed keep their exact output.
+
+SGLang's decode retraction (`ScheduleBatch.retract_decode`) evicts the running requests with the
+fewest output tokens when the KV cache runs out. On a 2-core CPU a cache small enough to run out
+takes minutes to fill, so the server also sets SGLang's own test switch `SGLANG_TEST_RETRACT`,
+which runs the same retraction every N decode steps. A retracted deterministic request restarts
+from its prompt (`reset_for_retract_hook`); its tokens, logprobs and stream must come out exactly
+as when it ran alone on an empty server.
+"""
+
+from __future__ import annotations
+
+import pytest
+import requests
+
+from conftest import _llm42_args, wait_idle_and_healthy
+from helpers import PROMPTS, concurrently, generate
+
+pytestmark = pytest.mark.server
+
+KV_TOKENS = 1024
+NEW_TOKENS = 96
+RETRACT_EVERY = 10  # decode steps
+CASES = [dict(temperature=0.0), dict(temperature=0.8, seed=321)]
+
+
+@pytest.fixture(scope="module")
+def pressure_server(tiny_model, tmp_path_factory):
+    from llm42.server_process import SGLangServer
+
+    server = SGLangServer(
+        tiny_model, _llm42_args(rate=0.2) + ["--max-total-tokens", str(KV_TOKENS)],
+        env={"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": str(RETRACT_EVERY)},
+        log_path=tmp_path_factory.mktemp("pressure") / "server.log", startup_timeout=300,
+    )
+    server.start()
+    yield server
+    server.stop()
+
+
+def _det(url, prompt, case, stream=False):
+    return generate(url, prompt, det=True, max_new_tokens=NEW_TOKENS, stream=stream,
+                    extra={"sampling_params": {
+                        "max_new_tokens": NEW_TOKENS, "ignore_eos": True,
+                        "temperature": case["temperature"], "is_deterministic": True,
+                        **({"sampling_seed": case["seed"]} if "seed" in case else {})}})
+
+
+def _normal(url, i):
+    return generate(url, PROMPTS[i % len(PROMPTS)] * (1 + i % 3), det=None,
+                    max_new_tokens=NEW_TOKENS, extra={"sampling_params": {
+                        "max_new_tokens": NEW_TOKENS - 7 * (i % 5), "ignore_eos": True}})
+
+
+def test_retracted_deterministic_requests_reproduce(pressure_server):
+    url = pressure_server.url
+    jobs = [(p, c) for p in PROMPTS[:2] for c in CASES]
+    # references: one at a time on the empty server (a single request always fits)
+    refs = [_det(url, p, c) for p, c in jobs]
+    requests.post(url + "/reset_llm42_stats", timeout=30)
+
+    fns = [lambda p=p, c=c: _det(url, p, c) for p, c in jobs]
+    fns += [lambda p=p, c=c: _det(url, p, c, stream=True) for p, c in jobs[:2]]
+    fns += [lambda i=i: _normal(url, i) for i in range(6)]
+    out = concurrently(fns)
+
+    stats = requests.get(url + "/llm42_stats", timeout=30).json()
+    assert stats["retraction_restarts"] > 0, f"no deterministic request was retracted: {stats}"
+    for k, ((p, c), ref) in enumerate(zip(jobs + jobs[:2], refs + refs[:2])):
+        got = out[k]
+        assert got[0] == ref[0], f"{p!r} {c}: tokens differ after retraction (job {k})"
+        assert got[1] == ref[1], f"{p!r} {c}: logprobs differ after retraction (job {k})"
+        assert got[2]["completion_tokens"] == NEW_TOKENS
+    assert sum(o[2].get("llm42_restarts", 0) for o in out[: len(jobs) + 2]) > 0
+    for normal in out[len(jobs) + 2 :]:
+        assert len(normal[0]) == normal[2]["completion_tokens"] > 0
+    wait_idle_and_healthy(pressure_server)
