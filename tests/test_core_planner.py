@@ -1,4 +1,4 @@
-"""build_row / plan_passes: fixed (B, W) verification shapes, pad rows marked."""
+"""build_row / plan_passes / select_rows: fixed (B, W) verification shapes, pad rows marked."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from llm42.core import (
     VerifyRow,
     build_row,
     plan_passes,
+    select_rows,
 )
 
 P = 10
@@ -113,3 +114,25 @@ def test_plan_misuse_raises() -> None:
         VerifyPass((VerifyRow.pad(2), row), batch_size=2, window_size=2)
     with pytest.raises(InvariantError, match="PAD_TOKEN_ID"):
         VerifyRow(rid="x", input_ids=(1, 2), positions=(0, 1), prefix_len=0, num_real=1)
+
+
+@pytest.mark.parametrize(
+    ("waits", "urgent", "batch_size", "max_wait", "expected"),
+    [
+        ([0, 1, 2], [False] * 3, 4, 3, []),  # nothing due, pass not full: keep decoding
+        ([0, 1, 3], [False] * 3, 4, 3, [2, 1, 0]),  # one overdue: one pass, oldest first
+        ([0, 0, 0, 0, 0], [False] * 5, 4, 3, [0, 1, 2, 3]),  # a full pass runs at once
+        ([0, 0, 1], [False, True, False], 4, 3, [1, 2, 0]),  # a finish waits on row 1
+        ([5, 0, 0, 0, 0, 0], [False] * 6, 4, 3, [0, 1, 2, 3]),  # due + fill, the rest waits
+        ([0, 0], [False] * 2, 4, 0, [0, 1]),  # max_wait 0: every full window at once
+        ([4] * 9, [False] * 9, 4, 3, list(range(9))),  # 9 due: three passes
+        ([], [], 4, 3, []),
+    ],
+)
+def test_select_rows(waits, urgent, batch_size, max_wait, expected) -> None:
+    assert select_rows(waits, urgent, batch_size, max_wait) == expected
+
+
+def test_select_rows_misuse_raises() -> None:
+    with pytest.raises(InvariantError, match="2 waits but 1"):
+        select_rows([0, 1], [False], 4, 3)

@@ -23,6 +23,7 @@ from llm42.core import (
     build_row,
     decide,
     plan_passes,
+    select_rows,
 )
 
 VOCAB = 17
@@ -95,7 +96,7 @@ def simulate(
     num_requests: int,
     error_rate: float,
     inject_rate: float,
-    delay_rate: float,
+    max_wait: int,
     corrupt_in_place: bool = False,
 ):
     rng = random.Random(seed)
@@ -108,12 +109,23 @@ def simulate(
         request.output_ids.append(true_next_token(request.reference, []))
         request.state.on_first_token()
         request.refresh_finishing()
-    for _step in range(10_000):
+    ready_since: dict[str, int] = {}
+    for step in range(10_000):
         active = [r for r in requests.values() if not r.is_done]
         if not active:
             break
-        # 1. Fast path: every active, non-finishing request not being verified decodes one token.
-        ready = [r for r in active if r.state.is_ready and rng.random() >= delay_rate]
+        # 1. Fast path: every active, non-finishing request not being verified decodes one token;
+        #    a full window waits up to max_wait steps for the pass to fill (select_rows).
+        waiting = [r for r in active if r.state.is_ready]
+        for r in waiting:
+            ready_since.setdefault(r.state.rid, step)
+        chosen = select_rows(
+            [step - ready_since[r.state.rid] for r in waiting],
+            [r.state.is_finishing for r in waiting], batch_size, max_wait,
+        )
+        ready = [waiting[i] for i in chosen]
+        for r in ready:
+            del ready_since[r.state.rid]
         for request in active:
             if request in ready or request.state.is_finishing:
                 continue
@@ -168,7 +180,7 @@ def simulate(
     num_requests=st.integers(1, 5),
     error_rate=st.sampled_from([0.0, 0.05, 0.3, 0.9]),
     inject_rate=st.sampled_from([0.0, 0.3, 1.0]),
-    delay_rate=st.sampled_from([0.0, 0.5]),
+    max_wait=st.integers(0, 7),
     corrupt_in_place=st.booleans(),
 )
 def test_verified_output_equals_reference(
@@ -178,7 +190,7 @@ def test_verified_output_equals_reference(
     num_requests,
     error_rate,
     inject_rate,
-    delay_rate,
+    max_wait,
     corrupt_in_place,
 ) -> None:
     requests, stats = simulate(
@@ -188,7 +200,7 @@ def test_verified_output_equals_reference(
         num_requests,
         error_rate,
         inject_rate,
-        delay_rate,
+        max_wait,
         corrupt_in_place,
     )
     for rid, request in requests.items():
@@ -218,8 +230,19 @@ def test_simulation_exercises_rollbacks_and_injection() -> None:
         num_requests=4,
         error_rate=0.3,
         inject_rate=0.5,
-        delay_rate=0.5,
+        max_wait=2,
     )
     snapshot = stats.snapshot()
     assert snapshot["rollbacks"] > 0 and snapshot["injected_mismatches"] > 0, snapshot
     assert snapshot["padded_rows"] > 0 and snapshot["recompute_pct"] > 0, snapshot
+
+
+def test_waiting_for_full_passes_saves_padding() -> None:
+    """With waits allowed, the same work runs in fewer, fuller passes and the same tokens."""
+    common = dict(seed=3, window_size=4, batch_size=4, num_requests=5, error_rate=0.1,
+                  inject_rate=0.0)
+    eager_requests, eager = simulate(max_wait=0, **common)
+    patient_requests, patient = simulate(max_wait=3, **common)
+    assert patient.snapshot()["padded_rows"] < eager.snapshot()["padded_rows"]
+    for rid, request in eager_requests.items():
+        assert patient_requests[rid].output_ids == request.output_ids == request.reference

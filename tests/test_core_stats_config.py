@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -95,12 +96,14 @@ CONFIG_ERRORS = [
     ({"inject_mismatch_rate": -0.5}, None, "--llm42-inject-mismatch-rate must be in [0, 1]"),
     ({"inject_mismatch_rate": 1.01}, None, "--llm42-inject-mismatch-rate"),  # above 1
     ({"inject_mismatch_rate": math.nan}, None, "--llm42-inject-mismatch-rate"),  # NaN
+    ({"max_verify_wait": -1}, None, "--llm42-max-verify-wait must be in [0, window size), got -1"),
+    ({"window_size": 8, "max_verify_wait": 8}, None, "got 8 with --llm42-window-size 8"),
 ]
 
 
 @pytest.mark.parametrize(("kwargs", "context_length", "message"), CONFIG_ERRORS)
 def test_config_errors(kwargs, context_length, message) -> None:
-    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         Llm42Config(**kwargs).validate(context_length)
 
 
@@ -111,9 +114,16 @@ def test_config_errors(kwargs, context_length, message) -> None:
         ({}, 64),  # default window equal to the context length
         ({"window_size": 1, "verify_batch_size": 1, "inject_mismatch_rate": 1.0}, 1),  # edges
         ({"skip_compare": True, "seed": 123}, 4096),  # benchmark mode
+        ({"window_size": 8, "max_verify_wait": 7}, None),  # longest wait
     ],
 )
 def test_config_valid(kwargs, context_length) -> None:
     config = Llm42Config(**kwargs)
     config.validate(context_length)
     assert Llm42Config().window_size == 64 and Llm42Config().verify_batch_size == 8
+
+
+def test_verify_wait_default_is_a_quarter_window() -> None:
+    assert Llm42Config(window_size=64).verify_wait_steps == 16
+    assert Llm42Config(window_size=3).verify_wait_steps == 0
+    assert Llm42Config(window_size=64, max_verify_wait=0).verify_wait_steps == 0

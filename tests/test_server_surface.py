@@ -25,7 +25,8 @@ def _launch(args: list[str], timeout: int = 180) -> subprocess.CompletedProcess:
 def test_flags_in_launch_server_help():
     out = _launch(["--help"]).stdout
     for flag in ("--enable-llm42", "--llm42-window-size", "--llm42-verify-batch-size",
-                 "--llm42-inject-mismatch-rate", "--llm42-skip-compare"):
+                 "--llm42-inject-mismatch-rate", "--llm42-skip-compare",
+                 "--llm42-max-verify-wait"):
         assert flag in out, f"{flag} missing from launch_server --help"
 
 
@@ -37,6 +38,8 @@ def test_flags_in_launch_server_help():
         (["--llm42-verify-batch-size", "0"], "--llm42-verify-batch-size"),  # empty pass
         (["--llm42-window-size", "512", "--context-length", "256"], "context"),  # W > context
         (["--llm42-inject-mismatch-rate", "1.5"], "--llm42-inject-mismatch-rate"),  # not a prob.
+        (["--llm42-window-size", "8", "--llm42-max-verify-wait", "8"],
+         "--llm42-max-verify-wait"),  # a wait of a whole window
     ],
 )
 def test_bad_flag_values_stop_the_launch(tiny_model, args, needle):

@@ -10,7 +10,8 @@
 #   proof                      determinism proof, llama-3.2-1b shape with random-normal weights,
 #                              modes llm42 and control on one --enable-llm42 server
 #   bench-WORKLOAD[-CONFIG]    driver run; WORKLOAD: sharegpt | arxiv | random1k (1024 in/256
-#                              out) | random4k (4096/1024); CONFIG: nondet | sglang-det | llm42 |
+#                              out) | random4k (4096/1024) | mix (all of $WORKLOADS on each
+#                              server start); CONFIG: nondet | sglang-det | llm42 |
 #                              llm42-skip-compare | llm42-inject | all (default: nondet,
 #                              sglang-det, llm42); Llama-3.1-8B shape, dummy weights
 #   smollm2-sweep              llm42 at ratio 1.0, windows $SWEEP_WINDOWS, + nondet, SmolLM2 shape
@@ -28,7 +29,7 @@
 #
 # Environment (defaults): OUT=./gpu-out RUN_DIR=/tmp/llm42-suite BUNDLE=.gpu/bundle
 #   PREFIX=/tmp/sgl PORT=30000 SUITE_BUDGET_S=540 MIN_CONFIG_S=180 STARTUP_TIMEOUT=400
-#   DET_RATIOS=0.02,0.1,0.5,1.0 VARIANT_RATIOS=0.1,1.0 WINDOW=64 VERIFY_BS=8 INJECT_RATE=0.05
+#   DET_RATIOS=0.02,0.1,0.5,1.0 VARIANT_RATIOS=0.1,1.0 WORKLOADS=sharegpt,arxiv,random1k WINDOW=64 VERIFY_BS=8 INJECT_RATE=0.05
 #   SHAREGPT_PROMPTS=2048 ARXIV_PROMPTS=256 RANDOM1K_PROMPTS=1024 RANDOM4K_PROMPTS=256
 #   SWEEP_WINDOWS=16,32,64,128 SWEEP_PROMPTS=1024 SMOLLM2_WEIGHTS=random|dummy
 #   ONLINE_RATE=24 ONLINE_PROMPTS=1024 ONLINE_RATIO=0.1 MAX_RUNNING=256
@@ -47,6 +48,7 @@ MIN_CONFIG_S=${MIN_CONFIG_S:-180}
 STARTUP_TIMEOUT=${STARTUP_TIMEOUT:-400}
 DET_RATIOS=${DET_RATIOS:-0.02,0.1,0.5,1.0}
 VARIANT_RATIOS=${VARIANT_RATIOS:-0.1,1.0}
+WORKLOADS=${WORKLOADS:-sharegpt,arxiv,random1k}
 WINDOW=${WINDOW:-64}
 VERIFY_BS=${VERIFY_BS:-8}
 INJECT_RATE=${INJECT_RATE:-0.05}
@@ -172,28 +174,30 @@ driver() {  # $1 = step name, $2 = model, $3 = configs, $4 = ratios, then driver
   return $code
 }
 
-bench_step() {  # bench-WORKLOAD[-CONFIG]
-  local rest=${1#bench-} workload config
+workload_args() {  # $1 = sharegpt | arxiv | random1k | random4k: one --workload string
+  case $1 in
+    sharegpt) echo "--dataset-name sharegpt --dataset-path $SHAREGPT --num-prompts $SHAREGPT_PROMPTS" ;;
+    arxiv)    arxiv_data; echo "--dataset-name arxiv --dataset-path $ARXIV --num-prompts $ARXIV_PROMPTS" ;;
+    random1k) echo "--dataset-name random --random-input-len 1024 --random-output-len 256 --random-range-ratio 1.0 --num-prompts $RANDOM1K_PROMPTS" ;;
+    random4k) echo "--dataset-name random --random-input-len 4096 --random-output-len 1024 --random-range-ratio 1.0 --num-prompts $RANDOM4K_PROMPTS" ;;
+    *) log "unknown workload $1"; return 1 ;;
+  esac
+}
+
+bench_step() {  # bench-WORKLOAD[-CONFIG]; WORKLOAD "mix" = every workload of $WORKLOADS on
+  # each server start (one start per configuration instead of one per workload and config)
+  local rest=${1#bench-} workload config names w
   workload=${rest%%-*}
   config=${rest#"$workload"}; config=${config#-}
   case $config in
     "") config=nondet,sglang-det,llm42 ;;
     all) config=nondet,sglang-det,llm42,llm42-skip-compare,llm42-inject ;;
   esac
-  local wl common="--seed 1"
-  case $workload in
-    sharegpt) wl="--dataset-name sharegpt --dataset-path $SHAREGPT"
-              common="$common --num-prompts $SHAREGPT_PROMPTS" ;;
-    arxiv)    arxiv_data; wl="--dataset-name arxiv --dataset-path $ARXIV"
-              common="$common --num-prompts $ARXIV_PROMPTS" ;;
-    random1k) wl="--dataset-name random --random-input-len 1024 --random-output-len 256 --random-range-ratio 1.0"
-              common="$common --num-prompts $RANDOM1K_PROMPTS" ;;
-    random4k) wl="--dataset-name random --random-input-len 4096 --random-output-len 1024 --random-range-ratio 1.0"
-              common="$common --num-prompts $RANDOM4K_PROMPTS" ;;
-    *) log "unknown workload in step $1"; return 1 ;;
-  esac
+  names=$workload; [[ $workload == mix ]] && names=${WORKLOADS//,/ }
+  local wl=()
+  for w in $names; do wl+=(--workload "$(workload_args "$w")") || return 1; done
   driver "$1" "$MODEL_8B" "$config" "$DET_RATIOS" --window-sizes "$WINDOW" \
-    --workload "$wl" --bench-args "$common"
+    "${wl[@]}" --bench-args "--seed 1"
 }
 
 run_step() {

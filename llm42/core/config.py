@@ -18,6 +18,14 @@ class Llm42Config:
     inject_mismatch_rate: float = 0.0  # --llm42-inject-mismatch-rate
     skip_compare: bool = False  # --llm42-skip-compare
     seed: int = 0  # seeds the mismatch injector
+    max_verify_wait: int | None = None  # --llm42-max-verify-wait; None: W // 4
+
+    @property
+    def verify_wait_steps(self) -> int:
+        """Decode steps a full window may wait for a pass to fill up (see planner.select_rows)."""
+        if self.max_verify_wait is not None:
+            return self.max_verify_wait
+        return self.window_size // 4
 
     def validate(self, context_length: int | None = None) -> None:
         """Raise ``ValueError`` saying which flag is wrong, what was found and what to pass."""
@@ -32,6 +40,11 @@ class Llm42Config:
         if self.verify_batch_size < 1:
             raise ValueError(
                 f"--llm42-verify-batch-size must be >= 1, got {self.verify_batch_size}"
+            )
+        if self.max_verify_wait is not None and not 0 <= self.max_verify_wait < self.window_size:
+            raise ValueError(
+                f"--llm42-max-verify-wait must be in [0, window size), got "
+                f"{self.max_verify_wait} with --llm42-window-size {self.window_size}"
             )
         if not 0.0 <= self.inject_mismatch_rate <= 1.0:  # also rejects NaN
             raise ValueError(

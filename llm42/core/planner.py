@@ -127,6 +127,25 @@ class VerifyPass:
         return [position for row in self.rows for position in row.positions]
 
 
+def select_rows(
+    waits: Sequence[int], urgent: Sequence[bool], batch_size: int, max_wait: int
+) -> list[int]:
+    """Which ready windows to verify now, as indices into ``waits``, most pressing first.
+
+    A pass costs the same with 1 real row as with B, so a full window may keep decoding
+    (its next candidates pile up behind it) for up to ``max_wait`` steps while others fill the
+    pass. Due now: urgent windows (a finish waits on them) and those that waited ``max_wait``.
+    Runs as many passes as the due windows need, and every pass that is full anyway; the
+    result never depends on when a window is verified, only the padding and latency do.
+    """
+    if len(waits) != len(urgent):
+        raise InvariantError(f"{len(waits)} waits but {len(urgent)} urgency flags")
+    order = sorted(range(len(waits)), key=lambda i: (not urgent[i], -waits[i], i))
+    num_due = sum(1 for i in order if urgent[i] or waits[i] >= max_wait)
+    num_passes = max(-(-num_due // batch_size), len(order) // batch_size)
+    return order[: num_passes * batch_size]
+
+
 def plan_passes(rows: Sequence[VerifyRow], batch_size: int, window_size: int) -> list[VerifyPass]:
     """Split ``rows`` in order into passes of ``batch_size``; pad the last one with dummy rows."""
     if batch_size < 1 or window_size < 1:

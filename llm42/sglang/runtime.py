@@ -31,6 +31,7 @@ class Llm42Runtime:
         self.injector = MismatchInjector(config.inject_mismatch_rate, config.seed)
         self.vocab_size = scheduler.model_config.vocab_size
         self.prefer_det_prefill = True  # alternates deterministic and normal prefill batches
+        self.decode_step = 0  # decode batches processed; measures how long full windows wait
         self.metrics = None
         if getattr(scheduler, "enable_metrics", False):
             from llm42.sglang.metrics import Llm42Metrics
@@ -45,6 +46,7 @@ class Llm42Runtime:
             verify_batch_size=self.config.verify_batch_size,
             inject_mismatch_rate=self.config.inject_mismatch_rate,
             skip_compare=self.config.skip_compare,
+            max_verify_wait=self.config.verify_wait_steps,
             # Dummy rows reuse SGLang's reserved padding row 0 / slot 0: no extra KV.
             reserved_kv_tokens=0,
         )
@@ -55,9 +57,11 @@ def install(scheduler: Scheduler, config: Llm42Config) -> Llm42Runtime:
     global RUNTIME
     RUNTIME = Llm42Runtime(scheduler, config)
     logger.info(
-        "llm42 enabled: window %d, verify batch %d, inject mismatch rate %.3f%s",
+        "llm42 enabled: window %d, verify batch %d, max verify wait %d, inject mismatch rate "
+        "%.3f%s",
         config.window_size,
         config.verify_batch_size,
+        config.verify_wait_steps,
         config.inject_mismatch_rate,
         ", skip compare" if config.skip_compare else "",
     )

@@ -16,7 +16,7 @@ import logging
 import random
 
 from llm42.core.decision import decide
-from llm42.core.planner import build_row, plan_passes
+from llm42.core.planner import build_row, plan_passes, select_rows
 from llm42.core.window import DetRequestState
 from llm42.sglang import kv_rollback, runtime, verifier
 from llm42.sglang.request_fields import is_deterministic_params
@@ -86,6 +86,7 @@ def req_init_hook(result, req, *args, **kwargs):
     req._llm42 = state
     req._llm42_finish = None
     req._llm42_published = None  # verified tokens published before a retraction restart
+    req._llm42_ready_at = None  # decode step at which its current window became full
     # Never match or publish radix-cache prefixes: cached KV was computed by other batches.
     req.extra_key = f"llm42-det:{req.rid}"
     req.skip_radix_cache_insert = True
@@ -155,6 +156,7 @@ def reset_for_retract_hook(result, req, *args, **kwargs):
     state.restart()
     kv_rollback.truncate_output(runtime.RUNTIME.scheduler, req, 0, None)
     req._llm42_finish = None
+    req._llm42_ready_at = None
     runtime.RUNTIME.stats.observe_restart()
 
 
@@ -228,18 +230,37 @@ def logits_metadata_hook(result, *args, **kwargs):
 
 
 def decode_result_hook(original, processor, batch, result):
-    """AROUND process_batch_result_decode: SGLang appends candidates, then llm42 verifies."""
+    """AROUND process_batch_result_decode: SGLang appends candidates, then llm42 verifies.
+
+    A full window waits (decoding on) until B windows fill a pass, it has waited
+    `verify_wait_steps` decode steps, or a finish depends on it (`planner.select_rows`)."""
     original(processor, batch, result)
     rt = runtime.RUNTIME
     if rt is None:
         return
+    rt.decode_step += 1
+    cfg = rt.config
     touched = []
-    while ready := [
-        req for req in batch.reqs
-        if (st := det_state(req)) is not None and not req.finished() and st.is_ready
-    ]:
-        _verify(rt, processor, batch, result, ready)
-        touched += [r for r in ready if not any(r is t for t in touched)]
+    while True:
+        ready = [
+            req for req in batch.reqs
+            if (st := det_state(req)) is not None and not req.finished() and st.is_ready
+        ]
+        for req in ready:
+            if req._llm42_ready_at is None:
+                req._llm42_ready_at = rt.decode_step
+        chosen = select_rows(
+            [rt.decode_step - req._llm42_ready_at for req in ready],
+            [det_state(req).is_finishing for req in ready],
+            cfg.verify_batch_size, cfg.verify_wait_steps,
+        )
+        if not chosen:
+            break
+        reqs = [ready[i] for i in chosen]
+        _verify(rt, processor, batch, result, reqs)
+        for req in reqs:
+            req._llm42_ready_at = None
+        touched += [r for r in reqs if not any(r is t for t in touched)]
     if touched:
         processor.output_streamer.stream_output(touched, batch.return_logprob)
 

@@ -17,6 +17,7 @@ FLAG_DEFAULTS = {
     "llm42_verify_batch_size": 8,
     "llm42_inject_mismatch_rate": 0.0,
     "llm42_skip_compare": False,
+    "llm42_max_verify_wait": None,
 }
 
 
@@ -40,6 +41,13 @@ def add_cli_args_hook(original, parser: argparse.ArgumentParser):
         type=int,
         default=FLAG_DEFAULTS["llm42_verify_batch_size"],
         help="Rows per verification pass (B); the pass always has B x W tokens.",
+    )
+    group.add_argument(
+        "--llm42-max-verify-wait",
+        type=int,
+        default=FLAG_DEFAULTS["llm42_max_verify_wait"],
+        help="Decode steps a full window may wait (decoding on) so that passes fill up with B "
+        "rows instead of padding; 0 verifies every window at once. Default: W / 4.",
     )
     group.add_argument(
         "--llm42-inject-mismatch-rate",
@@ -89,6 +97,7 @@ def config_from_values(values: dict, seed: int | None) -> Llm42Config:
         inject_mismatch_rate=values["llm42_inject_mismatch_rate"],
         skip_compare=values["llm42_skip_compare"],
         seed=seed or 0,
+        max_verify_wait=values["llm42_max_verify_wait"],
     )
 
 
