@@ -6,7 +6,7 @@ PIP    := PIP_DISABLE_PIP_VERSION_CHECK=1 $(PY) -m pip
 STAMP  := $(VENV)/.llm42-venv.stamp
 REQS   := pyproject.toml requirements/cpu.txt requirements/cpu-constraints.txt requirements/test.txt
 
-.PHONY: venv test demo lint
+.PHONY: venv test demo lint soak
 
 venv: $(STAMP)
 
@@ -28,6 +28,16 @@ test: venv
 
 demo: venv
 	$(PY) -m llm42.demo
+
+# Full load soak (issue 6; CI runs the short one in tests/test_soak.py): 2000 mixed requests at
+# concurrency 64 on a launched CPU server (tiny random Llama, W=8, B=4, fault injection 0.2).
+# Exit code 1 on any 5xx, mismatch or leak; figures, JSONL and commands in SOAK_OUT.
+SOAK_OUT ?= benchmarks/results/cpu-soak
+soak: venv
+	$(PY) -m benchmarks.soak --launch --num-requests 2000 --concurrency 64 --det-fraction 0.3 \
+		--abort-fraction 0.05 --max-new-tokens 2-16 --seed 0 --out-dir $(SOAK_OUT) \
+		--server-args "--llm42-window-size 8 --llm42-verify-batch-size 4 \
+		--llm42-inject-mismatch-rate 0.2 --random-seed 7 --context-length 1024"
 
 lint:
 	@if $(PY) -m ruff --version >/dev/null 2>&1; then $(PY) -m ruff check llm42 tests benchmarks; \
