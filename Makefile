@@ -35,7 +35,7 @@ demo: venv
 SOAK_OUT ?= benchmarks/results/cpu-soak
 soak: venv
 	$(PY) -m benchmarks.soak --launch --num-requests 2000 --concurrency 64 --det-fraction 0.3 \
-		--abort-fraction 0.05 --max-new-tokens 2-16 --seed 0 --out-dir $(SOAK_OUT) \
+		--abort-fraction 0.05 --max-new-tokens 2-12 --seed 0 --out-dir $(SOAK_OUT) \
 		--server-args "--llm42-window-size 8 --llm42-verify-batch-size 4 \
 		--llm42-inject-mismatch-rate 0.2 --random-seed 7 --context-length 1024"
 

@@ -104,9 +104,9 @@ class SoakConfig:
     concurrency: int = 64
     seed: int = 0
     min_new_tokens: int = 2
-    max_new_tokens: int = 16
+    max_new_tokens: int = 12
     pool_size: int = 12  # distinct deterministic specs (each gets a solo reference)
-    max_prompt_words: int = 60
+    max_prompt_words: int = 40
     recheck: int = 4  # specs taken alone again after the soak
     request_timeout: float = 900.0
     drain_timeout: float = 300.0
