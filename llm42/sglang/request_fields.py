@@ -8,9 +8,15 @@ Validation raises ValueError, which SGLang turns into HTTP 400.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 FIELD = "is_deterministic"
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_INT32_MAX = (1 << 31) - 1  # SGLang's sampler keeps top_k in an int32 tensor
+# SamplingParams fields that SGLang fills in itself (normalize()); never sent by a client.
+_INTERNAL_SAMPLING = {"stop_strs", "stop_regex_strs", "stop_str_max_len", "stop_regex_max_len",
+                      "is_normalized"}
 
 # Sampling features the verifier does not replay exactly: rejected for deterministic requests.
 _UNSUPPORTED_SAMPLING = {
@@ -33,6 +39,9 @@ _UNSUPPORTED_REQUEST = {
     "lora_id": (lambda v: v is not None, "LoRA adapters"),
     "custom_logit_processor": (lambda v: v is not None, "custom_logit_processor"),
     "input_embeds": (lambda v: v is not None, "input_embeds"),
+    # Computed on the fast path only (the verifier does not replay them); SGLang 0.5.17 on CPU
+    # also crashes its scheduler on them.
+    "token_ids_logprob": (lambda v: v is not None, "token_ids_logprob"),
 }
 
 
@@ -60,11 +69,92 @@ def unsupported_features(sampling: dict, request: Any) -> list[str]:
     return sorted(set(found))
 
 
+def check_sampling_seed(sampling: dict) -> None:
+    """On an llm42 server every request with a seed is seeded by llm42's scheduler hook, which
+    puts the seed in an int64 tensor: anything else must be a 400 here, not a scheduler crash."""
+    value = sampling.get("sampling_seed")
+    if value is None:
+        return
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if (
+        not is_number
+        or (isinstance(value, float) and not (math.isfinite(value) and value.is_integer()))
+        or not _INT64_MIN <= value <= _INT64_MAX
+    ):
+        raise ValueError(
+            "'sampling_seed' (OpenAI: 'seed') must be an integer in [-2**63, 2**63), got "
+            f"{type(value).__name__} {_short(value)}."
+        )
+
+
+def sampling_type_problems(sampling: dict) -> list[str]:
+    """Deterministic requests: every sampling parameter must have SGLang's declared type.
+
+    SGLang does not type-check sampling_params (a wrong type is an HTTP 500, or a crash in the
+    scheduler); for deterministic requests llm42 checks them against SamplingParams' own field
+    types, so a bad value is always a 400 that names the field."""
+    import msgspec
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    types = {f.name: f.type for f in msgspec.structs.fields(SamplingParams)}
+    problems = []
+    for key, value in sampling.items():
+        if key not in types or key in _INTERNAL_SAMPLING:
+            problems.append(f"unknown sampling parameter '{key}'")
+            continue
+        if value is None:  # SGLang reads None as "use the default"
+            continue
+        try:
+            msgspec.convert(value, types[key])
+        except msgspec.ValidationError as exc:
+            problems.append(f"'{key}': {exc} ({_short(value)})")
+            continue
+        if isinstance(value, int) and not isinstance(value, bool):
+            limit = _INT32_MAX if key == "top_k" else _INT64_MAX
+            if not _INT64_MIN <= value <= limit:
+                problems.append(f"'{key}': {value} is out of range")
+    return problems
+
+
+def request_problems(request: Any, vocab_size: int | None) -> list[str]:
+    """Deterministic requests: the top-level fields that llm42's verifier reads."""
+    problems = []
+    ret = getattr(request, "return_logprob", None)
+    if ret is not None and not isinstance(ret, bool):
+        problems.append(f"'return_logprob' must be a boolean, got {_short(ret)}")
+    top = getattr(request, "top_logprobs_num", None)
+    if top is not None:
+        hi = vocab_size if vocab_size else _INT32_MAX
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= hi:
+            problems.append(
+                f"'top_logprobs_num' must be an integer in [0, {hi}], got {_short(top)}")
+    start = getattr(request, "logprob_start_len", None)
+    if start is not None and (
+        isinstance(start, bool) or not isinstance(start, int)
+        or not _INT64_MIN <= start <= _INT64_MAX
+    ):
+        problems.append(f"'logprob_start_len' must be an integer, got {_short(start)}")
+    return problems
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def extract_sampling_flag(sampling: dict, *, enabled: bool) -> tuple[dict, bool]:
     """Move `is_deterministic` from a native sampling_params dict into custom_params.
 
     Returns a new dict (batched requests may share one sampling_params dict)."""
-    custom = dict(sampling.get("custom_params") or {})
+    custom = sampling.get("custom_params")
+    if custom is not None and not isinstance(custom, dict):
+        if FIELD in sampling:
+            raise ValueError(
+                f"'custom_params' must be an object (it carries '{FIELD}'), got "
+                f"{type(custom).__name__} {_short(custom)}."
+            )
+        return sampling, False  # not llm42's business: SGLang handles it as without llm42
+    custom = dict(custom or {})
     if FIELD in sampling:
         value = sampling[FIELD]
         sampling = {k: v for k, v in sampling.items() if k != FIELD}
@@ -93,6 +183,8 @@ def create_tokenized_object_hook(self, obj, *args, **kwargs):
         return None
     enabled = bool(getattr(self.server_args, "enable_llm42", False))
     sampling, is_det = extract_sampling_flag(obj.sampling_params, enabled=enabled)
+    if enabled:
+        check_sampling_seed(sampling)
     if is_det:
         bad = unsupported_features(sampling, obj)
         if bad:
@@ -101,6 +193,11 @@ def create_tokenized_object_hook(self, obj, *args, **kwargs):
                 "does not replay these exactly, so the output could not be guaranteed "
                 "reproducible. Remove them or send the request without is_deterministic."
             )
+        vocab = getattr(getattr(self, "model_config", None), "vocab_size", None)
+        problems = sampling_type_problems(sampling) + request_problems(obj, vocab)
+        if problems:
+            raise ValueError(f"Invalid deterministic request ('{FIELD}': true): "
+                             + "; ".join(problems) + ".")
     obj.sampling_params = sampling
     return None
 
