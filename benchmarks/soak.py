@@ -711,6 +711,7 @@ def run_soak(url: str, cfg: SoakConfig, server=None, log=print) -> SoakResult:
     url = url.rstrip("/")
     failures: list[str] = []
     t_start = time.perf_counter()
+    load_avg_start = _load_avg()
     code, _ = _get_json(url, "/health", timeout=60)
     if code != 200:
         raise RuntimeError(f"{url}/health answered {code}; is the server up?")
@@ -770,6 +771,8 @@ def run_soak(url: str, cfg: SoakConfig, server=None, log=print) -> SoakResult:
               "kv_used_tokens_at_idle": (load_idle or {}).get("used_tokens"),
               "reserved_kv_tokens_at_idle": (stats_after or {}).get("reserved_kv_tokens"),
               "drain_s": round(t_drain, 2)}
+    # the host's 1-minute load average at start and end: other processes slow a soak down
+    checks["host_load_avg_1m"] = [load_avg_start, _load_avg()]
     leaks = []
     if not checks["idle_after_drain"]:
         leaks.append(f"server not idle {cfg.drain_timeout:.0f} s after the load: {idle}")
@@ -831,6 +834,13 @@ def run_soak(url: str, cfg: SoakConfig, server=None, log=print) -> SoakResult:
     figures["requests_per_s"] = round(len(outcomes) / max(t_load, 1e-9), 2)
     return SoakResult(figures, failures, outcomes, references, checks, plan.specs, stats_before,
                       stats_after)
+
+
+def _load_avg() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
 
 
 def evaluate(plan: Plan, outcomes: list[Outcome],
@@ -999,7 +1009,9 @@ def markdown(row: dict) -> str:
              f"({cfg['pool_size']} specs, each with a solo reference), {cfg['abort_fraction']:g} "
              f"aborted, concurrency {cfg['concurrency']}, {cfg['min_new_tokens']}-"
              f"{cfg['max_new_tokens']} new tokens, seed {cfg['seed']}",
-             f"- commit {row['git_commit']}; CPU {row['cpu']}; command `{row['command']}`", "",
+             f"- commit {row['git_commit']}; CPU {row['cpu']}; host load average (1 min) at "
+             f"start / end {row['checks'].get('host_load_avg_1m')}",
+             f"- command `{row['command']}`", "",
              figures_table(row["figures"]), ""]
     if row["failures"]:
         lines += ["## Failures", ""] + [f"- {x}" for x in row["failures"]] + [""]
