@@ -213,12 +213,23 @@ CRASHERS = [
 ]
 
 
+# Prompt token ids outside the vocabulary (SGLang 0.5.17 does not check them: the embedding
+# lookup kills the scheduler).
+BAD_IDS = [("generate", dict(prompt=None, top={"input_ids": [5, -1]})),
+           ("generate", dict(prompt=None, top={"input_ids": [VOCAB]})),
+           ("completions", dict(prompt=[-1])), ("completions", dict(prompt=[7, VOCAB + 3]))]
+
+
 def test_values_that_would_crash_the_scheduler_are_400(llm42_server):
     for case in CRASHERS:
         sampling, top, needle = case.values
         status, text, _ = _call(llm42_server.url, "generate",
                                 _body("generate", sampling=sampling, top=top))
         assert status == 400 and needle in text, f"{case.id}: {status} {text}"
+        _answers(llm42_server)
+    for endpoint, kw in BAD_IDS:
+        status, text, _ = _call(llm42_server.url, endpoint, _body(endpoint, **kw))
+        assert status == 400 and "token ids" in text, f"{endpoint} {kw}: {status} {text}"
         _answers(llm42_server)
     _healthy(llm42_server)
 
@@ -371,7 +382,7 @@ _PROMPTS = {
     "generate": (st.sampled_from(["Hello", "The capital of France is", "é漢字🙂", ["a", "b"]]),
                  st.sampled_from(["", " ", "\x00", [], 5, None, [""]])),
     "completions": (st.sampled_from(["Hello", ["a", "b"], [1, 2, 3]]),
-                    st.sampled_from(["", [], [[1, 2]], 5, None, [-1]])),
+                    st.sampled_from(["", [], [[1, 2]], 5, None, [1.5], [-1], [VOCAB]])),
     "chat": (st.sampled_from(["Hello", [{"role": "system", "content": "x"},
                                          {"role": "user", "content": "Hi"}]]),
              st.sampled_from(["", [], [{"role": "user"}], [{"role": "x", "content": 1}], None])),
@@ -408,8 +419,11 @@ def requests_st(draw):
     if "top_logprobs_num" in top_keys and "top_logprobs_num" in odd:
         top["top_logprobs_num"] = 10**6 if flag is True else -1
     top["stream"] = pick("stream", (st.booleans(), st.sampled_from([None, "yes", 1])))
-    body = _body(endpoint, det=flag, prompt=pick("prompt", _PROMPTS[endpoint]),
-                 sampling=sampling, top=top, max_tokens=pick("max_tokens", _MAX_TOKENS))
+    prompt = pick("prompt", _PROMPTS[endpoint])
+    if flag is not True and prompt in ([-1], [VOCAB]):
+        prompt = [1, 2, 3]  # kills SGLang's own scheduler for a normal request (see BAD_IDS)
+    body = _body(endpoint, det=flag, prompt=prompt, sampling=sampling, top=top,
+                 max_tokens=pick("max_tokens", _MAX_TOKENS))
     return endpoint, body, flag is True
 
 

@@ -137,6 +137,17 @@ def request_problems(request: Any, vocab_size: int | None) -> list[str]:
     return problems
 
 
+def input_ids_problems(input_ids: Any, vocab_size: int | None) -> list[str]:
+    """Deterministic requests: prompt token ids outside the vocabulary (SGLang 0.5.17 never calls
+    its own vocabulary check; the embedding lookup then kills the scheduler)."""
+    if input_ids is None or not vocab_size:
+        return []
+    for token in input_ids:
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:
+            return [f"input token ids must be integers in [0, {vocab_size}), got {_short(token)}"]
+    return []
+
+
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -194,7 +205,9 @@ def create_tokenized_object_hook(self, obj, *args, **kwargs):
                 "reproducible. Remove them or send the request without is_deterministic."
             )
         vocab = getattr(getattr(self, "model_config", None), "vocab_size", None)
-        problems = sampling_type_problems(sampling) + request_problems(obj, vocab)
+        input_ids = kwargs.get("input_ids", args[1] if len(args) > 1 else None)
+        problems = (sampling_type_problems(sampling) + request_problems(obj, vocab)
+                    + input_ids_problems(input_ids, vocab))
         if problems:
             raise ValueError(f"Invalid deterministic request ('{FIELD}': true): "
                              + "; ".join(problems) + ".")
