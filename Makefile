@@ -33,11 +33,11 @@ demo: venv
 # concurrency 64 on a launched CPU server (tiny random Llama, W=8, B=4, fault injection 0.2).
 # Exit code 1 on any 5xx, mismatch or leak; figures, JSONL and commands in SOAK_OUT.
 SOAK_OUT ?= benchmarks/results/cpu-soak
+SOAK_SERVER_ARGS := --llm42-window-size 8 --llm42-verify-batch-size 4 --llm42-inject-mismatch-rate 0.2 --random-seed 7 --context-length 1024
 soak: venv
 	$(PY) -m benchmarks.soak --launch --num-requests 2000 --concurrency 64 --det-fraction 0.3 \
 		--abort-fraction 0.05 --max-new-tokens 2-12 --seed 0 --out-dir $(SOAK_OUT) \
-		--server-args "--llm42-window-size 8 --llm42-verify-batch-size 4 \
-		--llm42-inject-mismatch-rate 0.2 --random-seed 7 --context-length 1024"
+		--server-args "$(SOAK_SERVER_ARGS)"
 
 lint:
 	@if $(PY) -m ruff --version >/dev/null 2>&1; then $(PY) -m ruff check llm42 tests benchmarks; \

@@ -278,3 +278,20 @@ def test_evaluate_counts_and_fails():
     assert any("HTTP 500" in x for x in failures)
     assert any("differs from its solo reference" in x for x in failures)
     assert any("no prefix" in x for x in failures)
+
+
+def test_markdown_report():
+    row = {"passed": False, "failures": ["request x: HTTP 500"], "timestamp": "T", "url": "U",
+           "model": "M", "server_args": "--enable-llm42", "git_commit": "C", "cpu": "CPU",
+           "command": "python -m benchmarks.soak", "checks": {"host_load_avg_1m": [1.0, 2.0]},
+           "config": dataclasses.asdict(SoakConfig()),
+           "figures": {"requests": 2000, "status_5xx": 1, "recheck": 4, "recheck_identical": 4,
+                       "by_endpoint": {"generate": 700, "completions": 650, "chat": 650}}}
+    from benchmarks.soak import markdown
+
+    md = markdown(row)
+    assert md.startswith("# Soak FAILED (1 failures)")
+    assert "| requests | 2000 |" in md and "| 5xx | 1 |" in md and "| 4xx | - |" in md
+    assert "| recheck identical after soak | 4/4 |" in md
+    assert "generate 700, completions 650, chat 650" in md
+    assert "- request x: HTTP 500" in md
