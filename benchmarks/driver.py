@@ -34,7 +34,10 @@ from benchmarks import env_info, report
 from benchmarks.metrics import empty_summary
 
 RESULTS = "results.jsonl"
-CONFIGS = ("nondet", "sglang-det", "llm42", "llm42-skip-compare", "llm42-inject")
+# nondet-no-overlap: plain SGLang with the overlap scheduler off, as --enable-llm42 runs it; it
+# separates that cost from llm42's own (verification passes, isolated deterministic prefills).
+CONFIGS = ("nondet", "nondet-no-overlap", "sglang-det", "llm42", "llm42-skip-compare",
+           "llm42-inject")
 _ERROR_LINE = re.compile(r"(Error|error|Exception|refus|not supported)")
 
 
@@ -60,6 +63,8 @@ def server_configs(args) -> list[ServerConfig]:
             raise SystemExit(f"error: unknown config {name!r}; expected some of {CONFIGS}.")
         if name == "nondet":
             out.append(ServerConfig("nondet", "nondet", [], [0.0]))
+        elif name == "nondet-no-overlap":
+            out.append(ServerConfig(name, name, ["--disable-overlap-schedule"], [0.0]))
         elif name == "sglang-det":
             out.append(ServerConfig("sglang-det", "sglang-det",
                                     ["--enable-deterministic-inference"], [0.0]))

@@ -186,7 +186,7 @@ def plot_window_sweep(rows: list[dict], path: Path) -> bool:
     return True
 
 
-_CONFIG_ORDER = {"nondet": 0, "sglang-det": 1, "llm42": 2}
+_CONFIG_ORDER = {"nondet": 0, "nondet-no-overlap": 1, "sglang-det": 2, "llm42": 3}
 
 
 def sort_rows(rows: list[dict]) -> list[dict]:

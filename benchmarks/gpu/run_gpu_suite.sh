@@ -11,11 +11,11 @@
 #                              modes llm42 and control on one --enable-llm42 server
 #   bench-WORKLOAD[-CONFIG]    driver run; WORKLOAD: sharegpt | arxiv | random1k (1024 in/256
 #                              out) | random4k (4096/1024) | mix (all of $WORKLOADS on each
-#                              server start); CONFIG: nondet | sglang-det | llm42 |
+#                              server start); CONFIG: nondet | nondet-no-overlap | sglang-det | llm42 |
 #                              llm42-skip-compare | llm42-inject | all (default: nondet,
 #                              sglang-det, llm42); Llama-3.1-8B shape, dummy weights
 #   smollm2-sweep              llm42 at ratio 1.0, windows $SWEEP_WINDOWS, + nondet, SmolLM2 shape
-#   online                     ShareGPT at --request-rate $ONLINE_RATE, nondet and llm42 at 0.1
+#   online                     ShareGPT at --request-rate $ONLINE_RATE: nondet, sglang-det, llm42 at $ONLINE_RATIO
 #   report                     merge every results.jsonl of this run into one table + plots
 #
 # Every step writes into $RUN_DIR/STEP and is packed into $OUT/STEP.tar.gz when it ends; its
@@ -223,7 +223,7 @@ run_step() {
         --workload "--dataset-name sharegpt --dataset-path $SHAREGPT" \
         --bench-args "--seed 1 --num-prompts $SWEEP_PROMPTS" ;;
     online)
-      driver "$step" "$MODEL_8B" nondet,llm42 "$ONLINE_RATIO" --window-sizes "$WINDOW" \
+      driver "$step" "$MODEL_8B" "${ONLINE_CONFIGS:-nondet,sglang-det,llm42}" "$ONLINE_RATIO" --window-sizes "$WINDOW" \
         --workload "--dataset-name sharegpt --dataset-path $SHAREGPT --request-rate $ONLINE_RATE" \
         --bench-args "--seed 1 --num-prompts $ONLINE_PROMPTS" ;;
     report)
