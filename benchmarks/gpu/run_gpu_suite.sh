@@ -143,7 +143,8 @@ EOF
 }
 
 arxiv_data() {
-  [[ -f $ARXIV ]] || env_python -m benchmarks.make_arxiv_like --out "$ARXIV" --num-records 512 --seed 0
+  # its progress line goes to stderr: workload_args captures stdout
+  [[ -f $ARXIV ]] || env_python -m benchmarks.make_arxiv_like --out "$ARXIV" --num-records 512 --seed 0 >&2
 }
 
 pack() {  # $1 = step name. The device returns at most 8 files: per call suite.log,
