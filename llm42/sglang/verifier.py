@@ -5,16 +5,15 @@ the verifier's KV); pad entries and dummy rows write into slot 0 of request row 
 row and slot SGLang itself reserves at startup (CUDA-graph padding), so a pass needs no memory of
 its own, can never fail to allocate, and leaves SGLang's leak checks untouched.
 
-Sampling is done per row *group* with identical sampling flags (greedy / top-k / top-p / min-p):
-SGLang's sampler picks its code path from batch-wide flags, so sampling rows of different kinds
-together would make one request's logprobs depend on the other rows of the pass.
+Sampling goes through the model runner's Sampler, whose llm42 hook samples each kind of row
+(greedy / top-k / top-p / min-p) on its own, in decode batches and here alike: SGLang's sampler
+picks its code path from batch-wide flags, so otherwise a row's token would depend on its mates.
 """
 
 from __future__ import annotations
 
 import copy
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -120,33 +119,33 @@ def run_pass(
 
 
 def _sample_rows(scheduler, vpass: VerifyPass, reqs, logits: torch.Tensor):
+    """Sample every real entry in one call of the model runner's Sampler, as decode does.
+
+    Its llm42 hook (`group_sampling.sampler_forward_hook`) samples each kind of row (greedy /
+    top-k / top-p / min-p) on its own, so an entry's token and logprobs depend on its request
+    only, and exactly as on the fast path."""
     from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 
     W = vpass.window_size
-    groups: dict[tuple, list[tuple[int, int]]] = defaultdict(list)  # flags -> [(row, entry)]
-    for r, (row, req) in enumerate(zip(vpass.rows, reqs)):
-        if row.is_pad:
-            continue
-        groups[_sampling_flags(req.sampling_params)].extend((r, j) for j in range(row.num_real))
-
+    entries = [(r, j) for r, row in enumerate(vpass.rows) if not row.is_pad
+               for j in range(row.num_real)]
+    index = torch.tensor([r * W + j for r, j in entries], device=logits.device)
+    entry_reqs = [reqs[r] for r, _ in entries]
+    out = LogitsProcessorOutput(next_token_logits=logits.index_select(0, index).float())
+    info = _sampling_info(entry_reqs, logits.device, scheduler.model_config.vocab_size)
+    positions = torch.tensor(
+        [vpass.rows[r].positions[j] for r, j in entries], dtype=torch.int64, device=logits.device
+    )
+    top_nums = [req.logprob.top_logprobs_num if req.return_logprob else 0 for req in entry_reqs]
     sampler = scheduler.tp_worker.model_runner.sampler
-    per_entry: dict[tuple[int, int], tuple] = {}
-    for flags, entries in groups.items():
-        index = torch.tensor([r * W + j for r, j in entries], device=logits.device)
-        entry_reqs = [reqs[r] for r, _ in entries]
-        out = LogitsProcessorOutput(next_token_logits=logits.index_select(0, index).float())
-        info = _sampling_info(entry_reqs, flags, logits.device, scheduler.model_config.vocab_size)
-        positions = torch.tensor(
-            [vpass.rows[r].positions[j] for r, j in entries], dtype=torch.int64,
-            device=logits.device,
-        )
-        top_nums = [req.logprob.top_logprobs_num if req.return_logprob else 0 for req in entry_reqs]
-        ids = sampler(out, info, True, top_nums, [None] * len(entries), positions)
-        ids, lps = ids.tolist(), out.next_token_logprobs.tolist()
-        for k, key in enumerate(entries):
-            top_v = out.next_token_top_logprobs_val[k] if out.next_token_top_logprobs_val else None
-            top_i = out.next_token_top_logprobs_idx[k] if out.next_token_top_logprobs_idx else None
-            per_entry[key] = (ids[k], lps[k], _tolist(top_v), _tolist(top_i))
+    ids = sampler(out, info, True, top_nums, [None] * len(entries), positions).tolist()
+    lps = out.next_token_logprobs.tolist()
+    top_v, top_i = out.next_token_top_logprobs_val, out.next_token_top_logprobs_idx
+    per_entry = {
+        key: (ids[k], lps[k], _tolist(top_v[k]) if top_v else None,
+              _tolist(top_i[k]) if top_i else None)
+        for k, key in enumerate(entries)
+    }
 
     results: list[RowResult | None] = []
     for r, row in enumerate(vpass.rows):
@@ -165,18 +164,11 @@ def _sample_rows(scheduler, vpass: VerifyPass, reqs, logits: torch.Tensor):
     return results
 
 
-def _sampling_flags(sp) -> tuple:
+def _sampling_info(reqs, device, vocab_size):
+    """Batch-wide flags as SGLang sets them; the Sampler hook splits the kinds again."""
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
     from sglang.srt.sampling.sampling_params import TOP_K_ALL
 
-    greedy = sp.top_k <= 1
-    return (greedy, (not greedy) and sp.top_p != 1.0, (not greedy) and sp.top_k != TOP_K_ALL,
-            (not greedy) and sp.min_p > 0)
-
-
-def _sampling_info(reqs, flags, device, vocab_size):
-    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
-
-    greedy, need_top_p, need_top_k, need_min_p = flags
     sps = [r.sampling_params for r in reqs]
     return SamplingBatchInfo(
         temperatures=torch.tensor([sp.temperature for sp in sps], dtype=torch.float,
@@ -184,11 +176,11 @@ def _sampling_info(reqs, flags, device, vocab_size):
         top_ps=torch.tensor([sp.top_p for sp in sps], dtype=torch.float, device=device),
         top_ks=torch.tensor([sp.top_k for sp in sps], dtype=torch.int32, device=device),
         min_ps=torch.tensor([sp.min_p for sp in sps], dtype=torch.float, device=device),
-        is_all_greedy=greedy,
-        is_any_greedy=greedy,
-        need_top_p_sampling=need_top_p,
-        need_top_k_sampling=need_top_k,
-        need_min_p_sampling=need_min_p,
+        is_all_greedy=all(sp.top_k <= 1 for sp in sps),
+        is_any_greedy=any(sp.top_k <= 1 for sp in sps),
+        need_top_p_sampling=any(sp.top_p != 1.0 for sp in sps),
+        need_top_k_sampling=any(sp.top_k != TOP_K_ALL for sp in sps),
+        need_min_p_sampling=any(sp.min_p > 0 for sp in sps),
         vocab_size=vocab_size,
         sampling_seed=torch.tensor([seed_of(sp) for sp in sps], dtype=torch.int64, device=device),
         device=device,
