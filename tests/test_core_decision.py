@@ -6,7 +6,7 @@ import pytest
 
 from llm42.core import PAD_TOKEN_ID, DetRequestState, InvariantError, VerifyDecision, decide
 
-P = 10
+from core_factories import P, make_state
 
 
 def output_token(index: int) -> int:
@@ -14,14 +14,7 @@ def output_token(index: int) -> int:
 
 
 def make_case(window_size: int, u: int, n: int, *, finishing: bool = False):
-    state = DetRequestState(
-        rid="r",
-        window_size=window_size,
-        num_prompt_tokens=P,
-        num_verified_tokens=u,
-        num_output_tokens=n,
-        is_finishing=finishing,
-    )
+    state = make_state(window_size, u, n, finishing=finishing)
     return state, [output_token(i) for i in range(n)]
 
 

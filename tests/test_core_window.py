@@ -6,18 +6,7 @@ import pytest
 
 from llm42.core import DetRequestState, InvariantError, VerifyDecision
 
-P = 10  # prompt length used throughout
-
-
-def make_state(window_size: int, u: int, n: int, *, finishing: bool = False) -> DetRequestState:
-    return DetRequestState(
-        rid="r",
-        window_size=window_size,
-        num_prompt_tokens=P,
-        num_verified_tokens=u,
-        num_output_tokens=n,
-        is_finishing=finishing,
-    )
+from core_factories import P, make_state
 
 
 def assert_window(state: DetRequestState, *, k: int, start: int, end: int, num_real: int) -> None:
