@@ -26,11 +26,15 @@ from pathlib import Path
 import requests
 
 # Appended in CPU mode unless the caller passes the same flag: the only attention backend SGLang
-# runs on CPU without sgl-kernel, and a bounded KV cache (the CPU default sizes it from RAM).
-CPU_DEFAULT_ARGS: tuple[tuple[str, str], ...] = (
+# runs on CPU without sgl-kernel, a bounded KV cache (the CPU default sizes it from RAM), and an
+# idle scheduler that waits on its sockets: without --sleep-on-idle it busy-polls a whole core
+# while it has nothing to do, which starves every other server and client on a small CPU host.
+# A value of None is a switch without a value.
+CPU_DEFAULT_ARGS: tuple[tuple[str, str | None], ...] = (
     ("--device", "cpu"),
     ("--attention-backend", "torch_native"),
     ("--max-total-tokens", "16384"),
+    ("--sleep-on-idle", None),
 )
 _POLL_INTERVAL_S = 0.5
 _STOP_GRACE_S = 20.0
@@ -200,7 +204,7 @@ class SGLangServer:
         if self.device == "cpu":
             for flag, value in CPU_DEFAULT_ARGS:
                 if not _has_flag(extra, flag):
-                    args += [flag, value]
+                    args += [flag] if value is None else [flag, value]
         return args + extra
 
     def _wait_until_healthy(self) -> None:

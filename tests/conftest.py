@@ -70,7 +70,8 @@ def plain_server(tiny_model, tmp_path_factory):
 
 def wait_idle_and_healthy(server, timeout: float = 60.0) -> None:
     """SGLang's strict idle leak check kills the scheduler on a leaked KV slot or request row;
-    so a server that is idle and still answers /health has leaked nothing."""
+    so a server that is idle and still answers /health has leaked nothing. (The scheduler runs
+    the check each time it goes idle, before it sleeps: CPU servers run with --sleep-on-idle.)"""
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
@@ -81,7 +82,7 @@ def wait_idle_and_healthy(server, timeout: float = 60.0) -> None:
         except Exception:
             pass
         time.sleep(0.2)
-    time.sleep(0.5)  # several idle iterations, each running the leak check
+    time.sleep(0.5)  # idle iterations, each running the leak check
     r = requests.get(server.url + "/health", timeout=10)
     assert r.status_code == 200, f"server unhealthy after test (leak check?): {r.status_code}"
     assert server.is_running(), "SGLang server process died (see its log)"

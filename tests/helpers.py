@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import requests
 
@@ -64,3 +65,12 @@ def background_requests(url: str, n: int = 30):
         text = " ".join(PROMPTS[(i + j) % len(PROMPTS)] for j in range(1 + i % 4))
         fns.append(lambda t=text, k=i: generate(url, t, det=None, max_new_tokens=8 + 5 * (k % 7)))
     return fns
+
+
+def is_gone(pid: int) -> bool:
+    """Dead or a zombie (an orphaned child waits for init to reap it; it runs nothing)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X")

@@ -2,7 +2,10 @@
 driver run (nondet + sglang-det refused on CPU + llm42 at ratio 0.5) on the tiny random Llama.
 
 The fast tests use a whitespace tokenizer; only the `server` tests start SGLang (two servers
-plus one refused start, all inside one driver run shared by the tests below it).
+plus one refused start, all inside one driver run shared by the tests below it). That run has one
+workload: each workload costs a `bench_serving` process per server; the driver's loop over
+several workloads per server start runs without SGLang in
+`test_driver_runs_every_workload_on_each_server_start`.
 """
 
 from __future__ import annotations
@@ -314,6 +317,63 @@ def test_install_llm42_writes_a_discoverable_dist_info(tmp_path):
     assert info.name == "llm42-0.1.0.dist-info"
 
 
+# -- driver loop without SGLang ------------------------------------------------------------------
+def test_driver_runs_every_workload_on_each_server_start(tmp_path, monkeypatch):
+    """One server start per config, every workload benchmarked on it, one skipped row per
+    workload for a config whose server does not start, and a table normalised per workload."""
+    from benchmarks import driver
+    from benchmarks.env_info import append_jsonl
+    from llm42 import server_process
+
+    events = []
+
+    class FakeServer:
+        def __init__(self, model_path, flags, **kwargs):
+            self.flags, self.url = list(flags), "http://fake"
+            self.args = [sys.executable, "-m", "sglang.launch_server", *self.flags]
+
+        def start(self):
+            events.append(("start", " ".join(self.flags)))
+            if "--enable-deterministic-inference" in self.flags:
+                raise server_process.SGLangServerError("exited with code 1")
+
+        def stop(self):
+            events.append(("stop",))
+
+        def log_text(self):
+            return "ValueError: 'torch_native' is not supported for deterministic inference"
+
+    def fake_bench(self, cfg, url, wl, ratio):
+        dataset = wl[1]
+        events.append(("bench", cfg.label, dataset, ratio))
+        tps = {"nondet": 100.0, "llm42": 80.0}[cfg.config] * (2 if dataset == "sharegpt" else 1)
+        append_jsonl(self.results, _row(cfg.config, ratio, tps, dataset=dataset,
+                                        workload=driver.workload_label(wl, self.bench_args),
+                                        **cfg.meta))
+
+    monkeypatch.setattr(server_process, "SGLangServer", FakeServer)
+    monkeypatch.setattr(driver.Driver, "bench", fake_bench)
+    assert driver.main([
+        "--model-path", "m", "--out-dir", str(tmp_path), "--configs", "nondet,sglang-det,llm42",
+        "--det-ratios", "0.5", "--window-sizes", "8", "--verify-batch-size", "4",
+        "--workload", "--dataset-name random --random-input-len 8 --random-output-len 4",
+        "--workload", "--dataset-name sharegpt", "--bench-args", "--num-prompts 6"]) == 0
+    assert events == [
+        ("start", ""), ("bench", "nondet", "random", 0.0), ("bench", "nondet", "sharegpt", 0.0),
+        ("stop",), ("start", "--enable-deterministic-inference"),
+        ("start", "--enable-llm42 --llm42-window-size 8 --llm42-verify-batch-size 4"),
+        ("bench", "llm42-w8", "random", 0.5), ("bench", "llm42-w8", "sharegpt", 0.5), ("stop",)]
+    skipped = [r for r in _results(tmp_path) if r["skipped"]]
+    assert sorted(r["dataset"] for r in skipped) == ["random", "sharegpt"]
+    assert all(r["config"] == "sglang-det" and "deterministic inference" in r["skip_reason"]
+               and schema_problems(r) == [] for r in skipped)
+    table = (tmp_path / "table.md").read_text()
+    for dataset in ("random", "sharegpt"):
+        rows = [ln for ln in table.splitlines() if ln.startswith(f"| {dataset}")]
+        assert len(rows) == 3 and sum("1.000x" in ln for ln in rows) == 1, rows
+        assert sum("0.800x" in ln for ln in rows) == 1, "llm42 normalised to its workload's nondet"
+
+
 # -- real driver run ---------------------------------------------------------------------------
 SMOKE_PROMPTS = 6
 
@@ -330,7 +390,6 @@ def driver_run(tiny_model, tmp_path_factory) -> Path:
         "--server-args", "--random-seed 7 --context-length 1024",
         "--workload", ("--dataset-name random --random-input-len 32 --random-output-len 20 "
                        "--random-range-ratio 0.5"),
-        "--workload", "--dataset-name sharegpt --sharegpt-output-len 16 --context-len 1000",
         "--bench-args", f"--num-prompts {SMOKE_PROMPTS} --seed 3",
         "--startup-timeout", "300"])
     assert code == 0
@@ -345,9 +404,7 @@ def _results(out: Path) -> list[dict]:
 def test_driver_jsonl_schema(driver_run):
     rows = _results(driver_run)
     by_config = sorted((r["config"], r["dataset"]) for r in rows)
-    assert by_config == [("llm42", "random"), ("llm42", "sharegpt"), ("nondet", "random"),
-                         ("nondet", "sharegpt"), ("sglang-det", "random"),
-                         ("sglang-det", "sharegpt")]
+    assert by_config == [("llm42", "random"), ("nondet", "random"), ("sglang-det", "random")]
     for row in rows:
         assert schema_problems(row) == [], (row["config"], schema_problems(row))
         assert set(REQUIRED_KEYS) <= set(row)
@@ -379,16 +436,16 @@ def test_driver_records_sglang_det_refusal_on_cpu(driver_run):
 @pytest.mark.server
 def test_driver_table_plots_and_commands(driver_run):
     table = (driver_run / "table.md").read_text()
-    rows = [ln for ln in table.splitlines() if ln.startswith(("| random", "| sharegpt"))]
-    assert len(rows) == 6
-    assert sum("1.000x" in ln for ln in rows) == 2, "nondet normalised to itself"
+    rows = [ln for ln in table.splitlines() if ln.startswith("| random")]
+    assert len(rows) == 3
+    assert sum("1.000x" in ln for ln in rows) == 1, "nondet normalised to itself"
     assert all(any(c in ln for c in ("x |", "did not start")) for ln in rows)
     for name in ("throughput_vs_ratio.png", "latency.png"):
         data = (driver_run / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
     commands = (driver_run / "commands.txt").read_text()
     assert commands.count("sglang.launch_server") == 3
-    assert commands.count("benchmarks.bench_serving") == 4
+    assert commands.count("benchmarks.bench_serving") == 2
     assert (driver_run / "server_llm42-w8.log").stat().st_size > 0
     # --report-only regenerates the same table from the JSONL
     from benchmarks import driver

@@ -3,7 +3,9 @@ deterministic output bitwise, and its llm42 statistics start at zero.
 
 The session `llm42_server` (which has served other tests before) stands for the server before
 the restart; one more server is started with the very same flags for after it (the only extra
-server start of this file).
+server start of this file). That start is also the suite's real-server check of
+`llm42.server_process.SGLangServer`'s lifecycle (tests/test_server_process.py has the rest):
+the launcher and its children come up, serve, and `stop()` leaves none of them alive.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import pytest
 import requests
 
 from conftest import _llm42_args, _start
-from helpers import PROMPTS, generate
+from helpers import PROMPTS, generate, is_gone
 
 pytestmark = pytest.mark.server
 
@@ -51,7 +53,11 @@ def test_restarted_server_reproduces_outputs_and_starts_with_zero_stats(
     assert old_stats["verify_passes"] > 0 and old_stats["verified_tokens"] > 0, old_stats
 
     server = _start(tiny_model, _llm42_args(), "restarted", tmp_path_factory)
+    pids: set[int] = set()
     try:
+        # launcher (HTTP + tokenizer manager), scheduler, detokenizer
+        pids = server.process_ids()
+        assert len(pids) >= 3, f"expected the launcher and its children, saw {pids}"
         fresh = _stats(server.url)
         for key in COUNTERS:
             assert fresh[key] == 0, f"{key} = {fresh[key]} on a freshly started server"
@@ -65,4 +71,8 @@ def test_restarted_server_reproduces_outputs_and_starts_with_zero_stats(
         stats = _stats(server.url)
         assert stats["det_requests_finished"] == len(before)  # exactly this test's requests
     finally:
+        pids |= server.process_ids()
         server.stop()
+    alive = [pid for pid in pids if not is_gone(pid)]
+    assert alive == [], f"processes left after stop(): {alive}\n{server.log_text()[-2000:]}"
+    assert "Uvicorn running" in server.log_text() or "fired up" in server.log_text()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 
@@ -15,36 +17,103 @@ pytestmark = pytest.mark.server
 
 
 def _launch(args: list[str], timeout: int = 180) -> subprocess.CompletedProcess:
-    env = {**__import__("os").environ, **cpu_server_env()}
+    env = {**os.environ, **cpu_server_env()}
     return subprocess.run(
         [sys.executable, "-m", "sglang.launch_server", *args],
         capture_output=True, text=True, timeout=timeout, env=env,
     )
 
 
-def test_flags_in_launch_server_help():
-    out = _launch(["--help"]).stdout
-    for flag in ("--enable-llm42", "--llm42-window-size", "--llm42-verify-batch-size",
-                 "--llm42-inject-mismatch-rate", "--llm42-skip-compare",
-                 "--llm42-max-verify-wait"):
-        assert flag in out, f"{flag} missing from launch_server --help"
+def _model_args(model: str) -> list[str]:
+    return ["--model-path", model, "--device", "cpu", "--attention-backend", "torch_native",
+            "--max-total-tokens", "4096", "--enable-llm42"]
 
 
-@pytest.mark.parametrize(
-    "args, needle",
-    [
-        (["--llm42-window-size", "0"], "--llm42-window-size"),  # zero window
-        (["--llm42-window-size", "-3"], "--llm42-window-size"),  # negative window
-        (["--llm42-verify-batch-size", "0"], "--llm42-verify-batch-size"),  # empty pass
-        (["--llm42-window-size", "512", "--context-length", "256"], "context"),  # W > context
-        (["--llm42-inject-mismatch-rate", "1.5"], "--llm42-inject-mismatch-rate"),  # not a prob.
-        (["--llm42-window-size", "8", "--llm42-max-verify-wait", "8"],
-         "--llm42-max-verify-wait"),  # a wait of a whole window
-    ],
-)
-def test_bad_flag_values_stop_the_launch(tiny_model, args, needle):
-    res = _launch(["--model-path", tiny_model, "--device", "cpu", "--attention-backend",
-                   "torch_native", "--max-total-tokens", "4096", "--enable-llm42", *args])
+FLAGS = ("--enable-llm42", "--llm42-window-size", "--llm42-verify-batch-size",
+         "--llm42-inject-mismatch-rate", "--llm42-skip-compare", "--llm42-max-verify-wait")
+BAD_FLAGS = [
+    (["--llm42-window-size", "0"], "--llm42-window-size"),  # zero window
+    (["--llm42-window-size", "-3"], "--llm42-window-size"),  # negative window
+    (["--llm42-verify-batch-size", "0"], "--llm42-verify-batch-size"),  # empty pass
+    (["--llm42-window-size", "512", "--context-length", "256"], "context"),  # W > context
+    (["--llm42-inject-mismatch-rate", "1.5"], "--llm42-inject-mismatch-rate"),  # not a prob.
+    (["--llm42-window-size", "8", "--llm42-max-verify-wait", "8"],
+     "--llm42-max-verify-wait"),  # a wait of a whole window
+]
+GOOD_FLAGS = ["--llm42-window-size", "16", "--llm42-verify-batch-size", "2",
+              "--llm42-max-verify-wait", "3"]
+
+# What `python -m sglang.launch_server` runs before it starts anything (sglang/launch_server.py):
+# load the `sglang.srt.plugins` entry points (llm42's hooks on ServerArgs.add_cli_args and
+# from_cli_args among them), then prepare_server_args(argv). One interpreter runs it for every
+# argv below (each import of sglang costs as much as a whole refused launch); the script first
+# checks that the launcher still does just that.
+_PARSE_SCRIPT = r"""
+import contextlib, inspect, io, json, sys
+import sglang.launch_server as launcher
+from sglang.srt.plugins import load_plugins
+
+main = inspect.getsource(launcher).split('if __name__ == "__main__":', 1)[1]
+assert main.index("load_plugins()") < main.index("prepare_server_args(sys.argv[1:])"), main
+load_plugins()
+results = []
+for argv in json.loads(sys.argv[1]):
+    out, err, res = io.StringIO(), io.StringIO(), {}
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            args = launcher.prepare_server_args(argv)
+            res = {"code": "accepted", "llm42": {k: getattr(args, k, None) for k in (
+                "enable_llm42", "llm42_window_size", "llm42_verify_batch_size",
+                "llm42_max_verify_wait", "disable_overlap_schedule", "sampling_backend")}}
+        except SystemExit as exc:
+            res = {"code": exc.code}
+    results.append({**res, "stdout": out.getvalue(), "stderr": err.getvalue()})
+print("\nRESULTS " + json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def parsed_launch_args(tiny_model) -> list[dict]:
+    """[--help, GOOD_FLAGS, *BAD_FLAGS] through the launcher's own parse path, in one process."""
+    argvs = [["--help"], _model_args(tiny_model) + GOOD_FLAGS]
+    argvs += [_model_args(tiny_model) + args for args, _ in BAD_FLAGS]
+    res = subprocess.run([sys.executable, "-c", _PARSE_SCRIPT, json.dumps(argvs)],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, **cpu_server_env()})
+    assert res.returncode == 0 and "\nRESULTS " in res.stdout, res.stderr[-3000:]
+    results = json.loads(res.stdout.rsplit("\nRESULTS ", 1)[1])
+    assert len(results) == len(argvs)
+    return results
+
+
+def test_flags_in_launch_server_help(parsed_launch_args):
+    help_run = parsed_launch_args[0]
+    assert help_run["code"] == 0, help_run
+    for flag in FLAGS:
+        assert flag in help_run["stdout"], f"{flag} missing from launch_server --help"
+
+
+def test_good_flag_values_reach_the_server_args(parsed_launch_args):
+    good = parsed_launch_args[1]
+    assert good["code"] == "accepted", good["stderr"][-2000:]
+    assert good["llm42"] == {"enable_llm42": True, "llm42_window_size": 16,
+                             "llm42_verify_batch_size": 2, "llm42_max_verify_wait": 3,
+                             "disable_overlap_schedule": True, "sampling_backend": "pytorch"}
+
+
+@pytest.mark.parametrize("index", range(len(BAD_FLAGS)),
+                         ids=[" ".join(args) for args, _ in BAD_FLAGS])
+def test_bad_flag_values_are_rejected(parsed_launch_args, index):
+    _, needle = BAD_FLAGS[index]
+    res = parsed_launch_args[2 + index]
+    assert res["code"] not in (0, None, "accepted"), "a bad llm42 flag must stop the launch"
+    assert "llm42: error" in res["stderr"] and needle in res["stderr"], res["stderr"][-2000:]
+
+
+def test_bad_flag_value_stops_the_real_launch(tiny_model):
+    """End to end once: `python -m sglang.launch_server` itself exits on a bad llm42 value."""
+    args, needle = BAD_FLAGS[0]
+    res = _launch(_model_args(tiny_model) + args)
     assert res.returncode != 0, "launch with a bad llm42 flag must fail"
     assert "llm42: error" in res.stderr and needle in res.stderr, res.stderr[-2000:]
 
