@@ -34,10 +34,10 @@ from benchmarks import env_info, report
 from benchmarks.metrics import empty_summary
 
 RESULTS = "results.jsonl"
-# nondet-no-overlap: plain SGLang with the overlap scheduler off, as --enable-llm42 runs it; it
-# separates that cost from llm42's own (verification passes, isolated deterministic prefills).
+# nondet-no-overlap / llm42-no-overlap: SGLang's normal event loop instead of the overlap loop
+# (llm42 runs in both); they measure what the overlap scheduler is worth with and without llm42.
 CONFIGS = ("nondet", "nondet-no-overlap", "sglang-det", "llm42", "llm42-skip-compare",
-           "llm42-inject")
+           "llm42-inject", "llm42-no-overlap")
 _ERROR_LINE = re.compile(r"(Error|error|Exception|refus|not supported)")
 
 
@@ -79,6 +79,10 @@ def server_configs(args) -> list[ServerConfig]:
                     flags.append("--llm42-skip-compare")
                     meta["skip_compare"] = True
                     ratios, label = _floats(args.variant_ratios or args.det_ratios), label + "-skip"
+                elif name == "llm42-no-overlap":
+                    flags.append("--disable-overlap-schedule")
+                    meta["overlap_schedule"] = False
+                    label += "-no-overlap"
                 elif name == "llm42-inject":
                     flags += ["--llm42-inject-mismatch-rate", str(args.inject_mismatch_rate)]
                     meta["inject_mismatch_rate"] = args.inject_mismatch_rate

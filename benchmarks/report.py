@@ -40,6 +40,8 @@ def variant_of(row: dict) -> str:
     if row.get("config") != "llm42":
         return row.get("config", "?")
     label = f"llm42 W{row.get('window_size')} B{row.get('verify_batch_size')}"
+    if row.get("overlap_schedule") is False:
+        label += " no-overlap"
     if row.get("skip_compare"):
         label += " skip-compare"
     if row.get("inject_mismatch_rate"):
@@ -193,8 +195,8 @@ def sort_rows(rows: list[dict]) -> list[dict]:
     """Per workload: nondet, sglang-det, then llm42 variants by ratio (stable otherwise)."""
     return sorted(rows, key=lambda r: (
         workload_of(r), _CONFIG_ORDER.get(r.get("config"), 9), r.get("window_size") or 0,
-        bool(r.get("skip_compare")), r.get("inject_mismatch_rate") or 0.0,
-        r.get("det_ratio") or 0.0))
+        r.get("overlap_schedule") is False, bool(r.get("skip_compare")),
+        r.get("inject_mismatch_rate") or 0.0, r.get("det_ratio") or 0.0))
 
 
 def write_report(jsonl: str | Path, out_dir: str | Path) -> list[Path]:

@@ -54,8 +54,11 @@ def llm42_server(tiny_model, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def inject_server(tiny_model, tmp_path_factory):
-    """Same model and flags as llm42_server, but half of all windows get a forced mismatch."""
-    server = _start(tiny_model, _llm42_args(rate=0.5), "inject", tmp_path_factory)
+    """Same model and flags as llm42_server, but half of all windows get a forced mismatch, and
+    SGLang's normal event loop instead of the overlap loop (llm42_server): tests comparing the
+    two also show that both loops give the same deterministic outputs."""
+    args = _llm42_args(rate=0.5) + ["--disable-overlap-schedule"]
+    server = _start(tiny_model, args, "inject", tmp_path_factory)
     yield server
     server.stop()
 

@@ -10,6 +10,8 @@ several workloads per server start runs without SGLang in
 
 from __future__ import annotations
 
+import argparse
+
 import importlib.metadata
 import json
 import struct
@@ -291,18 +293,40 @@ def test_report_normalises_and_keeps_skipped_rows(tmp_path):
              "verify_passes": 9}
     rows = [_row("llm42", 1.0, 50.0, **llm42), _row("nondet", 0.0, 100.0),
             _row("sglang-det", 0.0, None, skipped=True, skip_reason="refused on CPU"),
-            _row("llm42", 0.5, 80.0, **llm42)]
+            _row("llm42", 0.5, 80.0, **llm42),
+            _row("llm42", 0.5, 70.0, **llm42, overlap_schedule=False)]
     jsonl = tmp_path / "results.jsonl"
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
     written = report.write_report(jsonl, tmp_path)
     table = (tmp_path / "table.md").read_text()
     lines = [ln for ln in table.splitlines() if ln.startswith("| random")]
     assert [ln.split(" | ")[1] for ln in lines] == ["nondet", "sglang-det", "llm42 W8 B4",
-                                                    "llm42 W8 B4"]
+                                                    "llm42 W8 B4", "llm42 W8 B4 no-overlap"]
     assert "0.800x" in lines[2] and "0.500x" in lines[3] and "1.000x" in lines[0]
+    assert "0.700x" in lines[4]
     assert "refused on CPU" in lines[1]
     for png in written[1:]:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_driver_configs_map_to_server_flags():
+    from benchmarks import driver
+
+    args = argparse.Namespace(
+        configs="nondet,nondet-no-overlap,llm42,llm42-no-overlap,llm42-skip-compare",
+        window_sizes="16", verify_batch_size=4, det_ratios="0.1,1.0", variant_ratios="1.0",
+        inject_mismatch_rate=0.05)
+    got = {c.label: (c.config, c.flags, c.ratios) for c in driver.server_configs(args)}
+    llm42 = ["--enable-llm42", "--llm42-window-size", "16", "--llm42-verify-batch-size", "4"]
+    assert got == {
+        "nondet": ("nondet", [], [0.0]),
+        "nondet-no-overlap": ("nondet-no-overlap", ["--disable-overlap-schedule"], [0.0]),
+        "llm42-w16": ("llm42", llm42, [0.1, 1.0]),
+        "llm42-w16-no-overlap": ("llm42", llm42 + ["--disable-overlap-schedule"], [0.1, 1.0]),
+        "llm42-w16-skip": ("llm42", llm42 + ["--llm42-skip-compare"], [1.0]),
+    }
+    with pytest.raises(SystemExit, match="unknown config"):
+        driver.server_configs(argparse.Namespace(**{**vars(args), "configs": "llm43"}))
 
 
 # -- GPU host helper ---------------------------------------------------------------------------

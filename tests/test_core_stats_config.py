@@ -22,6 +22,9 @@ SNAPSHOT_KEYS = {
     "recompute_pct",
     "verify_time_s",
     "det_requests_finished",
+    "early_results",
+    "steps_decode", "steps_prefill", "steps_det_prefill",
+    "step_time_decode_s", "step_time_prefill_s", "step_time_det_prefill_s",
 }
 
 ACCEPT = VerifyDecision(
@@ -60,6 +63,10 @@ def test_stats_arithmetic() -> None:
     stats.observe_decision(ROLLBACK)  # commits 1 accepted + 1 corrected, drops 5
     stats.observe_finished()
     stats.observe_restart()
+    stats.observe_early_result()
+    stats.observe_step("decode", 0.125)
+    stats.observe_step("decode", 0.25)
+    stats.observe_step("det_prefill", 0.5)
     snapshot = stats.snapshot()
     expected = {
         "verify_passes": 2,
@@ -74,6 +81,9 @@ def test_stats_arithmetic() -> None:
         "verify_time_s": 0.75,
         "det_requests_finished": 1,
         "retraction_restarts": 1,
+        "early_results": 1,
+        "steps_decode": 2, "steps_prefill": 0, "steps_det_prefill": 1,
+        "step_time_decode_s": 0.375, "step_time_prefill_s": 0.0, "step_time_det_prefill_s": 0.5,
     }
     assert snapshot == pytest.approx(expected), f"expected {expected}, found {snapshot}"
     stats.reset()

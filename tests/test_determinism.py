@@ -26,6 +26,10 @@ def _det(url, prompt, **kw):
     return generate(url, prompt, det=True, max_new_tokens=kw.pop("max_new_tokens", 28), **kw)
 
 
+def _stats(url):
+    return requests.get(url + "/llm42_stats", timeout=30).json()
+
+
 def _assert_same(ref, got, what):
     assert got[0] == ref[0], f"{what}: token ids differ\n{ref[0]}\n{got[0]}"
     assert got[1] == ref[1], f"{what}: logprobs differ (bitwise)"
@@ -39,11 +43,17 @@ def test_alone_vs_concurrent_vs_batched(llm42_server, case):
     for p, r, a in zip(PROMPTS, refs, again):
         _assert_same(r, a, f"repeat {p!r}")
     # the same requests among 30 normal requests of mixed lengths
+    before = _stats(url)
     loaded = concurrently(
         [lambda p=p: _det(url, p, **case) for p in PROMPTS] + background_requests(url, 30)
     )[: len(PROMPTS)]
     for p, r, got in zip(PROMPTS, refs, loaded):
         _assert_same(r, got, f"concurrent {p!r}")
+    after = _stats(url)
+    # ... verified in SGLang's overlap loop, results in flight processed before each pass
+    assert after["overlap_schedule"] is True, after
+    assert after["verify_passes"] > before["verify_passes"], after
+    assert after["early_results"] > before["early_results"], after
     # all in one batched /generate call
     batched = generate(url, PROMPTS, det=True, max_new_tokens=28,
                        temperature=case["temperature"], seed=case.get("seed"))
@@ -100,15 +110,18 @@ def test_openai_endpoints_reproducible(llm42_server):
 
 
 def test_injected_mismatches_roll_back_without_changing_output(llm42_server, inject_server):
-    """Rate 0.5 forces rollbacks in about half of all windows; output is that of rate 0."""
+    """Rate 0.5 forces rollbacks in about half of all windows; output is that of rate 0.
+
+    inject_server also runs SGLang's normal event loop, llm42_server the overlap loop."""
     requests.post(inject_server.url + "/reset_llm42_stats", timeout=30)
     for case in (dict(temperature=0.0), dict(temperature=0.8, seed=77)):
         for p in PROMPTS:
             clean = _det(llm42_server.url, p, **case)
             faulty = _det(inject_server.url, p, **case)
             _assert_same(clean, faulty, f"injected {p!r} {case}")
-    stats = requests.get(inject_server.url + "/llm42_stats", timeout=30).json()
+    stats = _stats(inject_server.url)
     assert stats["rollbacks"] > 0 and stats["injected_mismatches"] > 0, stats
+    assert stats["overlap_schedule"] is False and stats["early_results"] == 0, stats
     assert stats["tokens_rolled_back"] > 0 and stats["recompute_pct"] > 0
 
 

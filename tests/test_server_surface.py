@@ -98,7 +98,7 @@ def test_good_flag_values_reach_the_server_args(parsed_launch_args):
     assert good["code"] == "accepted", good["stderr"][-2000:]
     assert good["llm42"] == {"enable_llm42": True, "llm42_window_size": 16,
                              "llm42_verify_batch_size": 2, "llm42_max_verify_wait": 3,
-                             "disable_overlap_schedule": True, "sampling_backend": "pytorch"}
+                             "disable_overlap_schedule": False, "sampling_backend": "pytorch"}
 
 
 @pytest.mark.parametrize("index", range(len(BAD_FLAGS)),

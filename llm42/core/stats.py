@@ -8,9 +8,12 @@ Pad rows only ever reach ``padded_rows``: they never count as verified rows or t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llm42.core.decision import VerifyDecision
+
+# Scheduler iterations by the batch they ran, for the step profile in /llm42_stats.
+STEP_KINDS = ("decode", "prefill", "det_prefill")
 
 
 @dataclass(eq=False)
@@ -26,6 +29,11 @@ class Llm42Stats:
     verify_time_s: float = 0.0
     det_requests_finished: int = 0
     retraction_restarts: int = 0  # deterministic requests retracted and restarted from the prompt
+    early_results: int = 0  # overlap loop: in-flight results processed early so a pass could run
+    # Wall time of scheduler iterations by batch kind, verification passes excluded (exact with
+    # the normal loop; with the overlap loop an iteration also waits for the previous batch).
+    steps: dict = field(default_factory=lambda: dict.fromkeys(STEP_KINDS, 0))
+    step_time_s: dict = field(default_factory=lambda: dict.fromkeys(STEP_KINDS, 0.0))
 
     def observe_pass(self, num_real_rows: int, num_pad_rows: int, seconds: float) -> None:
         self.verify_passes += 1
@@ -48,6 +56,13 @@ class Llm42Stats:
     def observe_restart(self) -> None:
         self.retraction_restarts += 1
 
+    def observe_early_result(self) -> None:
+        self.early_results += 1
+
+    def observe_step(self, kind: str, seconds: float) -> None:
+        self.steps[kind] += 1
+        self.step_time_s[kind] += seconds
+
     @property
     def recompute_pct(self) -> float:
         """Share of decoded candidates thrown away: rolled back / (verified + rolled back)."""
@@ -68,6 +83,9 @@ class Llm42Stats:
             "verify_time_s": self.verify_time_s,
             "det_requests_finished": self.det_requests_finished,
             "retraction_restarts": self.retraction_restarts,
+            "early_results": self.early_results,
+            **{f"steps_{k}": v for k, v in self.steps.items()},
+            **{f"step_time_{k}_s": v for k, v in self.step_time_s.items()},
         }
 
     def reset(self) -> None:

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 from llm42.sglang.scheduler_hooks import META_KEYS, RESET_KEY
 
-_SUMMED = (
-    "verify_passes", "verify_rows", "padded_rows", "verified_tokens", "rollbacks",
-    "tokens_rolled_back", "injected_mismatches", "inconsistent_tokens", "verify_time_s",
-    "det_requests_finished", "reserved_kv_tokens",
-)
+# Settings, identical on every rank; every other number is a counter and is summed.
+_SETTINGS = {"window_size", "verify_batch_size", "inject_mismatch_rate", "skip_compare",
+             "max_verify_wait", "overlap_schedule", "enabled"}
 
 
 def merge_snapshots(snapshots: list[dict]) -> dict:
@@ -21,8 +19,9 @@ def merge_snapshots(snapshots: list[dict]) -> dict:
     if not live:
         return {"enabled": False}
     merged = dict(live[0])
-    for key in _SUMMED:
-        merged[key] = sum(s.get(key, 0) for s in live)
+    for key, value in merged.items():
+        if key not in _SETTINGS and isinstance(value, (int, float)):
+            merged[key] = sum(s.get(key, 0) for s in live)
     done = merged["verified_tokens"] + merged["tokens_rolled_back"]
     merged["recompute_pct"] = 100.0 * merged["tokens_rolled_back"] / max(1, done)
     merged["dp_ranks"] = len(live)

@@ -1,7 +1,8 @@
 """Exact rollback of a running request's tail: KV slots, token list, logprobs, batch lengths.
 
-For a request with prompt length P and n output tokens, SGLang (page size 1, no overlap, no
-speculation) keeps `kv_committed_len == kv_allocated_len == P + n - 1`: slots
+For a request with prompt length P and n output tokens, SGLang (page size 1, no speculation)
+keeps `kv_committed_len == kv_allocated_len == P + n - 1` once a decode result is processed and
+before the next batch is built (llm42 verifies only then, see `scheduler_hooks._drain`): slots
 `req_to_token[row, 0 : P+n-1)` hold the KV of the prompt and of o_0 .. o_{n-2}; o_{n-1} is the
 next decode input. Truncating the output to n' tokens frees the slots
 
@@ -11,6 +12,10 @@ and shrinks every length by that count. A verifier correction keeps o_0 .. o_{m-
 corrected token at m (`replace_tail`): n' = m + 1, so the freed slots are [P+m, P+n-1) and the
 KV of o_{m-1} stays. The next decode input (relayed through `future_map.output_tokens_buf[row]`)
 becomes the new last token.
+
+An abort can also be processed while the overlap loop already built the next batch, which
+allocated one more slot (`kv_committed_len == P + n`); truncation frees up to
+`kv_committed_len`, so that slot is freed with the others and nothing is freed twice.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ def truncate_output(
     if req.req_pool_idx is not None and req.kv is not None:
         prompt_len = len(req.origin_input_ids)
         row = scheduler.req_to_token_pool.req_to_token[req.req_pool_idx]
-        start, end = prompt_len + new_len - 1, prompt_len + n - 1
+        start, end = prompt_len + new_len - 1, req.kv_committed_len
         if end > start:
             scheduler.token_to_kv_pool_allocator.free(row[start:end].to(torch_long()))
             req.kv_committed_len -= end - start

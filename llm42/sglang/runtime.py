@@ -32,6 +32,9 @@ class Llm42Runtime:
         self.vocab_size = scheduler.model_config.vocab_size
         self.prefer_det_prefill = True  # alternates deterministic and normal prefill batches
         self.decode_step = 0  # decode batches processed; measures how long full windows wait
+        self.overlap = bool(getattr(scheduler, "enable_overlap", False))
+        self.step_started: float | None = None  # when the running scheduler iteration began
+        self.step_kind: str | None = None  # kind of the batch it launched (None: idle)
         self.metrics = None
         if getattr(scheduler, "enable_metrics", False):
             from llm42.sglang.metrics import Llm42Metrics
@@ -47,6 +50,7 @@ class Llm42Runtime:
             inject_mismatch_rate=self.config.inject_mismatch_rate,
             skip_compare=self.config.skip_compare,
             max_verify_wait=self.config.verify_wait_steps,
+            overlap_schedule=self.overlap,
             # Dummy rows reuse SGLang's reserved padding row 0 / slot 0: no extra KV.
             reserved_kv_tokens=0,
         )

@@ -1,19 +1,27 @@
 """The decode-verify-rollback hooks inside SGLang's scheduler process.
 
-Flow for a deterministic request (normal event loop; llm42 turns the overlap loop off):
+Flow for a deterministic request, in SGLang's normal and overlap event loops alike:
   1. prefill runs in a batch of its own (`prefill_batch_hook`), so o_0 depends on the request only;
   2. decode steps append candidates on the shared fast path; `output_ids_through_stop` shows
      the detokenizer only the verified prefix, and a finish (EOS, stop, length) is deferred
      until the tokens that caused it are verified (`update_finish_state_hook`);
-  3. after each decode step, ready requests are verified in fixed-shape passes and the decision
-     of `llm42.core` is applied: commit, or truncate + corrected token (`decode_result_hook`);
+  3. before the scheduler builds its next batch, windows that are due are verified in
+     fixed-shape passes and the decision of `llm42.core` is applied: commit, or truncate +
+     corrected token (`next_batch_hook`);
   4. finished requests are released and streamed only after their last window is verified.
+
+Overlap loop: SGLang launches batch N+1 before it processes the result of batch N, so a rollback
+found while processing N would come too late for N+1, already built from the old tokens. Hence
+step 3 runs at the top of `get_next_batch_to_run`: when a pass is due, the result still in
+flight is processed first (`_drain`), so the pass, the rollback and the next batch all see one
+consistent state; iterations with nothing to verify keep the overlap.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import time
 
 from llm42.core.decision import decide
 from llm42.core.planner import build_row, plan_passes, select_rows
@@ -119,9 +127,15 @@ def update_finish_state_hook(original, req, new_accepted_len: int = 1):
         return original(req, new_accepted_len)
     sched = runtime.RUNTIME.scheduler
     if req.to_finish is not None:  # abort / timeout: candidates are dropped, never returned
+        if state.num_output_tokens == 0 and req.output_ids:
+            state.on_first_token()  # aborted while its prefill ran (overlap loop): o_0 stands
         state.rollback_unverified()
         kv_rollback.truncate_output(sched, req, state.num_output_tokens, None)
         return original(req, new_accepted_len)
+    if req._llm42_finish is not None:
+        # Overlap loop: the batch launched before the finish was seen decoded one token past it.
+        kv_rollback.truncate_output(sched, req, state.num_output_tokens, sched.running_batch)
+        return
     _sync_new_tokens(state, req)
     original(req, new_accepted_len)
     if req.finished() and state.num_candidate_tokens > 0:
@@ -230,17 +244,60 @@ def logits_metadata_hook(result, *args, **kwargs):
 
 
 def decode_result_hook(original, processor, batch, result):
-    """AROUND process_batch_result_decode: SGLang appends candidates, then llm42 verifies.
+    """AROUND process_batch_result_decode: count decode steps (how long full windows wait)."""
+    original(processor, batch, result)
+    if runtime.RUNTIME is not None:
+        runtime.RUNTIME.decode_step += 1
+
+
+class _Drained:
+    """Stands in the overlap loop's result queue for a result llm42 already processed."""
+
+    def __repr__(self):
+        return "<llm42: result processed early>"
+
+
+DRAINED = _Drained()
+
+
+def process_result_hook(original, scheduler, batch, result):
+    """AROUND Scheduler.process_batch_result: skip results `_drain` already processed."""
+    if result is DRAINED:
+        return None
+    return original(scheduler, batch, result)
+
+
+def next_batch_hook(original, scheduler, running_batch, last_batch):
+    """AROUND Scheduler.get_next_batch_to_run: verify due windows before the next batch is built.
 
     A full window waits (decoding on) until B windows fill a pass, it has waited
     `verify_wait_steps` decode steps, or a finish depends on it (`planner.select_rows`)."""
-    original(processor, batch, result)
     rt = runtime.RUNTIME
     if rt is None:
-        return
-    rt.decode_step += 1
+        return original(scheduler, running_batch, last_batch)
+    now = time.perf_counter()
+    if rt.step_kind is not None:
+        rt.stats.observe_step(rt.step_kind, now - rt.step_started)
+    if running_batch is not None and running_batch.reqs:
+        _verify_due(rt, scheduler, running_batch)
+    plan = original(scheduler, running_batch, last_batch)
+    rt.step_started, rt.step_kind = time.perf_counter(), _step_kind(plan.batch_to_run)
+    return plan
+
+
+def _step_kind(batch) -> str | None:
+    if batch is None or not batch.reqs:
+        return None
+    if batch.forward_mode.is_decode():
+        return "decode"
+    if batch.forward_mode.is_extend():
+        return "det_prefill" if any(det_state(r) for r in batch.reqs) else "prefill"
+    return None
+
+
+def _verify_due(rt, scheduler, batch) -> None:
     cfg = rt.config
-    touched = []
+    touched, drained = [], False
     while True:
         ready = [
             req for req in batch.reqs
@@ -256,16 +313,36 @@ def decode_result_hook(original, processor, batch, result):
         )
         if not chosen:
             break
+        if not drained:
+            drained = True
+            if _drain(scheduler):
+                continue  # the in-flight result changed the candidates: choose again
         reqs = [ready[i] for i in chosen]
-        _verify(rt, processor, batch, result, reqs)
+        _verify(rt, scheduler, batch, reqs)
         for req in reqs:
             req._llm42_ready_at = None
         touched += [r for r in reqs if not any(r is t for t in touched)]
     if touched:
-        processor.output_streamer.stream_output(touched, batch.return_logprob)
+        scheduler.batch_result_processor.output_streamer.stream_output(
+            touched, batch.return_logprob
+        )
 
 
-def _verify(rt, processor, batch, result, ready) -> None:
+def _drain(scheduler) -> bool:
+    """Overlap loop: process the in-flight result now; True if there was one.
+
+    The loop pops one queue entry per launched batch, so the entry stays as `DRAINED`."""
+    queue = getattr(scheduler, "result_queue", None) if scheduler.enable_overlap else None
+    if not queue or queue[0][1] is DRAINED:
+        return False
+    pending_batch, pending_result = queue.popleft()
+    scheduler.process_batch_result(pending_batch, pending_result)
+    queue.appendleft((pending_batch, DRAINED))
+    runtime.RUNTIME.stats.observe_early_result()
+    return True
+
+
+def _verify(rt, scheduler, batch, ready) -> None:
     cfg = rt.config
     rows = [build_row(det_state(req), req.output_ids) for req in ready]
     start = 0
@@ -273,17 +350,16 @@ def _verify(rt, processor, batch, result, ready) -> None:
         reqs = ready[start : start + vpass.num_real_rows]
         start += vpass.num_real_rows
         row_reqs = reqs + [None] * vpass.num_pad_rows
-        results, seconds = verifier.run_pass(rt.scheduler, batch, vpass, row_reqs)
+        results, seconds = verifier.run_pass(scheduler, batch, vpass, row_reqs)
         rt.stats.observe_pass(vpass.num_real_rows, vpass.num_pad_rows, seconds)
         if rt.metrics is not None:
             rt.metrics.observe_pass(vpass.num_real_rows, vpass.num_pad_rows, seconds)
         for req, res in zip(reqs, results):
-            _apply(rt, processor, batch, result, req, res)
+            _apply(rt, scheduler, batch, req, res)
 
 
-def _apply(rt, processor, batch, result, req, res: verifier.RowResult) -> None:
+def _apply(rt, sched, batch, req, res: verifier.RowResult) -> None:
     state = det_state(req)
-    sched = rt.scheduler
     u, start = state.num_verified_tokens, state.window_start
     candidates = list(req.output_ids)
     injected = None
@@ -318,7 +394,7 @@ def _apply(rt, processor, batch, result, req, res: verifier.RowResult) -> None:
         req.update_finish_state(1)  # the corrected token may be EOS or complete a stop string
     if req.finished():
         i = next(i for i, r in enumerate(batch.reqs) if r is req)
-        processor._handle_finish_state_updated_req(req, batch, result, i, result.logits_output)
+        sched.batch_result_processor._handle_finish_state_updated_req(req, batch, None, i, None)
         rt.stats.observe_finished()
 
 

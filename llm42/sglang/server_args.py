@@ -74,8 +74,6 @@ def from_cli_args_hook(original, cls, args: argparse.Namespace):
                 "the installed SGLang does not match llm42's patches/ manifest:\n  "
                 + "\n  ".join(REGISTRATION_PROBLEMS)
             )
-        # Rollback rewrites the next decode input; the overlap loop has already launched it.
-        args.disable_overlap_schedule = True
         # Seeded sampling (same noise in decode and verify) exists only in the torch sampler.
         args.sampling_backend = "pytorch"
     server_args = original(cls, args)

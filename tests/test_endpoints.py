@@ -1,0 +1,44 @@
+"""`/llm42_stats` over data-parallel ranks: counters summed, settings kept, ratios recomputed."""
+
+from __future__ import annotations
+
+import pytest
+
+from llm42.core import Llm42Stats, VerifyDecision
+from llm42.sglang.endpoints import merge_snapshots
+
+ROLLBACK = VerifyDecision(num_compared=4, num_accepted=1, num_rejected=3, corrected_token_id=3,
+                          new_num_verified=3, new_num_output_tokens=3, mismatch_index=2)
+ACCEPT = VerifyDecision(num_compared=4, num_accepted=4, num_rejected=0, corrected_token_id=None,
+                        new_num_verified=5, new_num_output_tokens=5, mismatch_index=None)
+SETTINGS = {"enabled": True, "window_size": 16, "verify_batch_size": 4,
+            "inject_mismatch_rate": 0.0, "skip_compare": False, "max_verify_wait": 4,
+            "overlap_schedule": True, "reserved_kv_tokens": 0}
+
+
+def _rank(decision, steps: int, restarts: int) -> dict:
+    stats = Llm42Stats()
+    stats.observe_pass(2, 2, 0.5)
+    stats.observe_decision(decision)
+    for _ in range(steps):
+        stats.observe_step("decode", 0.25)
+    for _ in range(restarts):
+        stats.observe_restart()
+    stats.observe_early_result()
+    return {**SETTINGS, **stats.snapshot()}
+
+
+def test_counters_summed_settings_kept_recompute_recomputed():
+    merged = merge_snapshots([_rank(ROLLBACK, 3, 1), _rank(ACCEPT, 1, 0), {"enabled": False}])
+    assert merged["dp_ranks"] == 2
+    assert {k: merged[k] for k in SETTINGS} == SETTINGS  # not multiplied by the rank count
+    assert (merged["verify_passes"], merged["rollbacks"], merged["tokens_rolled_back"]) == (2, 1, 3)
+    assert (merged["steps_decode"], merged["retraction_restarts"], merged["early_results"]) == \
+        (4, 1, 2)
+    assert merged["step_time_decode_s"] == pytest.approx(1.0)
+    # 3 rolled back of (2 + 4 committed + 3 rolled back), not the mean of the ranks' percentages
+    assert merged["recompute_pct"] == pytest.approx(100 * 3 / 9)
+
+
+def test_no_rank_with_llm42_reports_disabled():
+    assert merge_snapshots([{"enabled": False}, {}]) == {"enabled": False}
