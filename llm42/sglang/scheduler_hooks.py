@@ -107,9 +107,10 @@ def req_init_hook(result, req, *args, **kwargs):
 def output_ids_through_stop_getter(original_fget, req):
     """Unfinished deterministic requests publish only their verified tokens.
 
-    After a retraction restart (below) the request regenerates tokens it already published;
-    they come back identical, so until it catches up the published list stands for them and
-    SGLang's monotonic stream offsets never see the output shrink."""
+    After a retraction restart (below) the request regenerates tokens it already streamed;
+    they come back identical, so until it catches up the published list (the tokens streamed
+    before the restart) stands for them and SGLang's monotonic stream offsets never see the
+    output shrink."""
     ids = original_fget(req)
     state = det_state(req)
     if state is None:
@@ -118,6 +119,18 @@ def output_ids_through_stop_getter(original_fget, req):
         ids = ids[: state.num_verified_tokens]
     published = req._llm42_published
     return published if published is not None and len(published) > len(ids) else ids
+
+
+def stream_accept_hook(original, accumulator, *, req):
+    """AROUND the output streamer's per-request accept: a retracted deterministic request
+    streams nothing until it runs again.
+
+    The overlap loop streams the batch a request was retracted from after the retraction;
+    with its output restarted from the prompt, SGLang would advance the logprob offset past
+    o_0 (`max(len(output), 1)`) and never send o_0's logprob."""
+    if req.is_retracted and not req.finished() and det_state(req) is not None:
+        return None
+    return original(accumulator, req=req)
 
 
 def update_finish_state_hook(original, req, new_accepted_len: int = 1):
@@ -164,9 +177,11 @@ def reset_for_retract_hook(result, req, *args, **kwargs):
     state = det_state(req)
     if state is None:
         return
-    verified = list(req.output_ids[: state.num_verified_tokens])
-    if req._llm42_published is None or len(verified) > len(req._llm42_published):
-        req._llm42_published = verified
+    # Only what the stream already carries: its offsets must not move past tokens whose
+    # logprobs are not regenerated yet (the overlap loop may stream a just-retracted request).
+    sent = req.output_ids[: min(req.send_token_offset, state.num_verified_tokens)]  # array copy
+    if req._llm42_published is None or len(sent) > len(req._llm42_published):
+        req._llm42_published = sent
     state.restart()
     kv_rollback.truncate_output(runtime.RUNTIME.scheduler, req, 0, None)
     req._llm42_finish = None
