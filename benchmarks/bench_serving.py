@@ -204,6 +204,7 @@ def llm42_fields(args, stats: dict | None) -> dict:
            "inject_mismatch_rate": pick("inject_mismatch_rate", args.inject_mismatch_rate),
            "skip_compare": pick("skip_compare", args.skip_compare),
            "overlap_schedule": stats.get("overlap_schedule") if enabled else None,
+           "batched_prefill": stats.get("batched_prefill") if enabled else None,
            "llm42_enabled": enabled, "llm42_stats": stats if enabled else None}
     for key in ("recompute_pct", "rollbacks", "verify_passes", "reserved_kv_tokens",
                 "tokens_rolled_back", "verified_tokens", "det_requests_finished"):

@@ -42,6 +42,8 @@ def variant_of(row: dict) -> str:
     label = f"llm42 W{row.get('window_size')} B{row.get('verify_batch_size')}"
     if row.get("overlap_schedule") is False:
         label += " no-overlap"
+    if row.get("batched_prefill"):
+        label += " batched-prefill"
     if row.get("skip_compare"):
         label += " skip-compare"
     if row.get("inject_mismatch_rate"):
@@ -195,7 +197,8 @@ def sort_rows(rows: list[dict]) -> list[dict]:
     """Per workload: nondet, sglang-det, then llm42 variants by ratio (stable otherwise)."""
     return sorted(rows, key=lambda r: (
         workload_of(r), _CONFIG_ORDER.get(r.get("config"), 9), r.get("window_size") or 0,
-        r.get("overlap_schedule") is False, bool(r.get("skip_compare")),
+        r.get("overlap_schedule") is False, bool(r.get("batched_prefill")),
+        bool(r.get("skip_compare")),
         r.get("inject_mismatch_rate") or 0.0, r.get("det_ratio") or 0.0))
 
 

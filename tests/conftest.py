@@ -36,11 +36,11 @@ def _llm42_args(rate: float = 0.0, window: int = WINDOW) -> list[str]:
     ]
 
 
-def _start(model: str, args: list[str], name: str, tmp_path_factory):
+def _start(model: str, args: list[str], name: str, tmp_path_factory, env=None):
     from llm42.server_process import SGLangServer
 
     log = tmp_path_factory.mktemp(name) / "server.log"
-    server = SGLangServer(model, args, log_path=str(log), startup_timeout=300)
+    server = SGLangServer(model, args, log_path=str(log), startup_timeout=300, env=env)
     server.start()
     return server
 
@@ -59,6 +59,18 @@ def inject_server(tiny_model, tmp_path_factory):
     two also show that both loops give the same deterministic outputs."""
     args = _llm42_args(rate=0.5) + ["--disable-overlap-schedule"]
     server = _start(tiny_model, args, "inject", tmp_path_factory)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def batched_server(tiny_model, tmp_path_factory):
+    """Deterministic prefills join normal prefill batches; their prompts are verified after
+    (`--llm42-batched-prefill`). Every such fast-path prefill is perturbed (random KV noise and
+    o_0, `llm42.sglang.prefill_faults`), and a fifth of all windows get a forced mismatch."""
+    args = _llm42_args(rate=0.2) + ["--llm42-batched-prefill"]
+    server = _start(tiny_model, args, "batched", tmp_path_factory,
+                    env={"LLM42_TEST_PERTURB_PREFILL": "1"})
     yield server
     server.stop()
 

@@ -13,7 +13,7 @@ ACCEPT = VerifyDecision(num_compared=4, num_accepted=4, num_rejected=0, correcte
                         new_num_verified=5, new_num_output_tokens=5, mismatch_index=None)
 SETTINGS = {"enabled": True, "window_size": 16, "verify_batch_size": 4,
             "inject_mismatch_rate": 0.0, "skip_compare": False, "max_verify_wait": 4,
-            "overlap_schedule": True, "reserved_kv_tokens": 0}
+            "overlap_schedule": True, "batched_prefill": False, "reserved_kv_tokens": 0}
 
 
 def _rank(decision, steps: int, restarts: int) -> dict:

@@ -12,7 +12,8 @@
 #   bench-WORKLOAD[-CONFIG]    driver run; WORKLOAD: sharegpt | arxiv | random1k (1024 in/256
 #                              out) | random4k (4096/1024) | mix (all of $WORKLOADS on each
 #                              server start); CONFIG: nondet | nondet-no-overlap | sglang-det | llm42 |
-#                              llm42-skip-compare | llm42-inject | all (default: nondet,
+#                              llm42-skip-compare | llm42-inject | llm42-no-overlap |
+#                              llm42-batched-prefill | all (default: nondet,
 #                              sglang-det, llm42); Llama-3.1-8B shape, dummy weights
 #   smollm2-sweep              llm42 at ratio 1.0, windows $SWEEP_WINDOWS, + nondet, SmolLM2 shape
 #   online                     ShareGPT at --request-rate $ONLINE_RATE: nondet, sglang-det, llm42 at $ONLINE_RATIO
@@ -34,6 +35,7 @@
 #   SWEEP_WINDOWS=16,32,64,128 SWEEP_PROMPTS=1024 SMOLLM2_WEIGHTS=random|dummy
 #   ONLINE_RATE=24 ONLINE_PROMPTS=1024 ONLINE_RATIO=0.1 MAX_RUNNING=256
 #   PROOF_BACKGROUND=0,16,64,256 PROOF_REPEATS=2 PROOF_PROMPTS=4 PROOF_TOKENS=256
+#   PROOF_LLM42_ARGS="" (extra llm42 flags of the proof server, e.g. --llm42-batched-prefill)
 #   COMMON_ARGS (server args for every config; see below) EXTRA_SERVER_ARGS=""
 set -uo pipefail
 
@@ -67,6 +69,7 @@ PROOF_BACKGROUND=${PROOF_BACKGROUND:-0,16,64,256}
 PROOF_REPEATS=${PROOF_REPEATS:-2}
 PROOF_PROMPTS=${PROOF_PROMPTS:-4}
 PROOF_TOKENS=${PROOF_TOKENS:-256}
+PROOF_LLM42_ARGS=${PROOF_LLM42_ARGS:-}
 EXTRA_SERVER_ARGS=${EXTRA_SERVER_ARGS:-}
 # Identical for every configuration (README of the bundle: triton attention, no radix cache,
 # a cap on running requests so sglang-det does not run out of memory, no prefill graphs).
@@ -210,7 +213,7 @@ run_step() {
       if (( $(remaining) < 240 )); then log "step proof: skipped, only $(remaining)s left"; return 1; fi
       log "step proof: background $PROOF_BACKGROUND x $PROOF_REPEATS repeats"
       env_python -m benchmarks.determinism_proof --launch --model-path "$MODEL_1B" \
-        --server-args "$COMMON_ARGS --enable-llm42 --llm42-window-size $WINDOW --llm42-verify-batch-size $VERIFY_BS --random-seed 7" \
+        --server-args "$COMMON_ARGS --enable-llm42 --llm42-window-size $WINDOW --llm42-verify-batch-size $VERIFY_BS --random-seed 7 $PROOF_LLM42_ARGS" \
         --mode both --background "$PROOF_BACKGROUND" --repeats "$PROOF_REPEATS" \
         --num-prompts "$PROOF_PROMPTS" --max-new-tokens "$PROOF_TOKENS" \
         --startup-timeout "$STARTUP_TIMEOUT" --out-dir "$RUN_DIR/proof"

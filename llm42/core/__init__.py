@@ -9,7 +9,14 @@ from llm42.core.config import Llm42Config
 from llm42.core.decision import PAD_TOKEN_ID, VerifyDecision, decide
 from llm42.core.errors import InvariantError
 from llm42.core.injection import MismatchInjector
-from llm42.core.planner import VerifyPass, VerifyRow, build_row, plan_passes, select_rows
+from llm42.core.planner import (
+    VerifyPass,
+    VerifyRow,
+    build_prompt_rows,
+    build_row,
+    plan_passes,
+    select_rows,
+)
 from llm42.core.stats import Llm42Stats
 from llm42.core.window import DetRequestState
 
@@ -23,6 +30,7 @@ __all__ = [
     "VerifyDecision",
     "VerifyPass",
     "VerifyRow",
+    "build_prompt_rows",
     "build_row",
     "decide",
     "plan_passes",

@@ -19,6 +19,7 @@ class Llm42Config:
     skip_compare: bool = False  # --llm42-skip-compare
     seed: int = 0  # seeds the mismatch injector
     max_verify_wait: int | None = None  # --llm42-max-verify-wait; None: W // 4
+    batched_prefill: bool = False  # --llm42-batched-prefill
 
     @property
     def verify_wait_steps(self) -> int:

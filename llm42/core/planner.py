@@ -6,7 +6,7 @@ configuration for every pass, so its numerics never depend on how many requests 
     rows = [build_row(state, output_ids) for state, output_ids in ready]
     for verify_pass in plan_passes(rows, batch_size=8, window_size=64): run(verify_pass)
 
-Layout of one pass (B = 3, W = 4, two real rows):
+Layout of one pass (B = 3, W = 4, two real rows; prompt rows: `build_prompt_rows`):
 
     row 0   input_ids [t t t PAD]   positions [P0+kW, P0+kW+4)   prefix KV [0, P0+kW)
     row 1   input_ids [t t t t  ]   positions [P1+kW, P1+kW+4)   prefix KV [0, P1+kW)
@@ -33,6 +33,7 @@ class VerifyRow:
     prefix_len: int
     num_real: int
     is_pad: bool = False
+    sample_from: int = 0  # entries [sample_from, num_real) predict a token that is compared
 
     def __post_init__(self) -> None:
         window_size = len(self.input_ids)
@@ -46,6 +47,10 @@ class VerifyRow:
             raise InvariantError(f"{self.rid}: pad rows and only pad rows have num_real == 0")
         if any(token_id != PAD_TOKEN_ID for token_id in self.input_ids[self.num_real :]):
             raise InvariantError(f"{self.rid}: entries from num_real on must be PAD_TOKEN_ID")
+        if not 0 <= self.sample_from <= self.num_real:
+            raise InvariantError(
+                f"{self.rid}: sample_from {self.sample_from} outside [0, {self.num_real}]"
+            )
 
     @property
     def window_size(self) -> int:
@@ -76,6 +81,8 @@ def build_row(state: DetRequestState, output_ids: Sequence[int]) -> VerifyRow:
             f"{state.rid}: nothing to verify (verified={state.num_verified_tokens}, "
             f"output={state.num_output_tokens})"
         )
+    if state.is_prompt_pending:
+        raise InvariantError(f"{state.rid}: the prompt comes first (build_prompt_rows)")
     start, num_real = state.window_start, state.num_real_entries
     real_ids = tuple(output_ids[start : start + num_real])
     return VerifyRow(
@@ -85,6 +92,34 @@ def build_row(state: DetRequestState, output_ids: Sequence[int]) -> VerifyRow:
         prefix_len=state.prefix_len,
         num_real=num_real,
     )
+
+
+def build_prompt_rows(state: DetRequestState, prompt_ids: Sequence[int]) -> list[VerifyRow]:
+    """Rows replaying a fast-path prefill: W prompt tokens each, row j over prefix KV [0, jW).
+
+    Row j reads the KV that rows before it write in the same pass (every layer writes its KV
+    before attending) or in an earlier pass, so the prompt's KV and o_0, predicted by the last
+    real entry, depend on the prompt alone, whatever the fast-path prefill batch looked like."""
+    num_prompt, window = state.num_prompt_tokens, state.window_size
+    if not state.is_prompt_pending or state.num_output_tokens == 0:
+        raise InvariantError(f"{state.rid}: no prompt pass pending")
+    if len(prompt_ids) != num_prompt or num_prompt == 0:
+        raise InvariantError(
+            f"{state.rid}: state has {num_prompt} prompt tokens, list has {len(prompt_ids)}"
+        )
+    rows = []
+    for start in range(0, num_prompt, window):
+        real = tuple(prompt_ids[start : start + window])
+        is_last = start + window >= num_prompt
+        rows.append(VerifyRow(
+            rid=f"{state.rid}/prompt{start // window}",
+            input_ids=real + (PAD_TOKEN_ID,) * (window - len(real)),
+            positions=tuple(range(start, start + window)),
+            prefix_len=start,
+            num_real=len(real),
+            sample_from=len(real) - 1 if is_last else len(real),
+        ))
+    return rows
 
 
 @dataclass(frozen=True)
@@ -154,7 +189,7 @@ def plan_passes(rows: Sequence[VerifyRow], batch_size: int, window_size: int) ->
         )
     rids = [row.rid for row in rows]
     if any(row.is_pad for row in rows) or len(set(rids)) != len(rids):
-        raise InvariantError(f"expected one real row per request, found rids {rids}")
+        raise InvariantError(f"expected one real row per request window, found rids {rids}")
     passes = []
     for start in range(0, len(rows), batch_size):
         chunk = tuple(rows[start : start + batch_size])

@@ -19,6 +19,11 @@ Windows stay aligned to multiples of W, also after a rollback, so the verifier a
 same (prefix, row) split for the same request. Entries of the row before u (here index 5) are
 re-run but never compared against the committed token; a difference there is only counted as
 verifier inconsistency (``VerifyDecision.num_inconsistent``).
+
+Prompt verification (``verify_prompt``): the prompt was prefilled on the fast path together with
+other requests, so its KV and o_0 are candidates too. Until the prompt pass has run (u == 0), the
+"window" is the prompt itself: ceil(P / W) rows of W prompt tokens (``planner.build_prompt_rows``)
+whose last real entry predicts o_0; it behaves as window k = -1 with candidates [0, 1).
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ class DetRequestState:
       * ``window_size >= 1`` and ``num_prompt_tokens >= 0``;
       * ``0 <= num_verified_tokens <= num_output_tokens``;
       * ``num_verified_tokens == 0`` exactly when ``num_output_tokens == 0`` (o_0 is verified
-        as soon as it exists, it comes from the deterministic prefill);
+        as soon as it exists, it comes from the deterministic prefill), unless ``verify_prompt``;
       * all per-request counters are >= 0 and ``num_rollbacks <= num_verify_passes``.
     """
 
@@ -54,6 +59,7 @@ class DetRequestState:
     num_tokens_rolled_back: int = 0
     num_restarts: int = 0
     is_finishing: bool = False
+    verify_prompt: bool = False  # prompt KV and o_0 come from the fast path: verify them first
 
     def __post_init__(self) -> None:
         self._check_invariants()
@@ -71,18 +77,29 @@ class DetRequestState:
         return self.num_candidate_tokens == 0
 
     @property
+    def is_prompt_pending(self) -> bool:
+        """The prompt pass has not run yet: o_0 (when it exists) is a candidate."""
+        return self.verify_prompt and self.num_verified_tokens == 0
+
+    @property
     def window_index(self) -> int:
-        """k = (u - 1) // W: the window holding the first unverified output index u."""
+        """k = (u - 1) // W: the window holding the first unverified output index u (-1: prompt)."""
+        if self.is_prompt_pending:
+            return -1
         return max(self.num_verified_tokens - 1, 0) // self.window_size
 
     @property
     def window_start(self) -> int:
         """kW: output index of the row's first input token (the last token of window k-1)."""
+        if self.is_prompt_pending:
+            return -1  # the prompt pass predicts o_0 from its last entry, as entry 0 of "row -1"
         return self.window_index * self.window_size
 
     @property
     def window_end(self) -> int:
         """e = (k + 1)W + 1: exclusive end of window k's candidates, as an output index."""
+        if self.is_prompt_pending:
+            return 1
         return self.window_start + self.window_size + 1
 
     @property
@@ -126,14 +143,15 @@ class DetRequestState:
     # ------------------------------------------------------------------ events
 
     def on_first_token(self) -> None:
-        """The deterministic prefill produced o_0: it is output and verified at once."""
+        """The prefill produced o_0: verified at once after a deterministic (solo) prefill, a
+        candidate of the prompt pass after a fast-path one (``verify_prompt``)."""
         if self.num_output_tokens != 0:
             raise InvariantError(
                 f"{self.rid}: on_first_token() expects no output yet, "
                 f"found {self.num_output_tokens} output tokens"
             )
         self.num_output_tokens = 1
-        self.num_verified_tokens = 1
+        self.num_verified_tokens = 0 if self.verify_prompt else 1
         self._check_invariants()
 
     def append_candidates(self, num_tokens: int = 1) -> None:
@@ -223,7 +241,7 @@ class DetRequestState:
             )
         if not 0 <= u <= n:
             raise InvariantError(f"{self.rid}: expected 0 <= verified <= output, found {u}, {n}")
-        if (u == 0) != (n == 0):
+        if (u == 0) != (n == 0) and not self.verify_prompt:
             raise InvariantError(
                 f"{self.rid}: o_0 is verified as soon as it exists, found verified={u}, output={n}"
             )

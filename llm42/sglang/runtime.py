@@ -51,6 +51,7 @@ class Llm42Runtime:
             skip_compare=self.config.skip_compare,
             max_verify_wait=self.config.verify_wait_steps,
             overlap_schedule=self.overlap,
+            batched_prefill=self.config.batched_prefill,
             # Dummy rows reuse SGLang's reserved padding row 0 / slot 0: no extra KV.
             reserved_kv_tokens=0,
         )

@@ -24,9 +24,9 @@ import random
 import time
 
 from llm42.core.decision import decide
-from llm42.core.planner import build_row, plan_passes, select_rows
+from llm42.core.planner import build_prompt_rows, build_row, plan_passes, select_rows
 from llm42.core.window import DetRequestState
-from llm42.sglang import kv_rollback, runtime, verifier
+from llm42.sglang import kv_rollback, prefill_faults, runtime, verifier
 from llm42.sglang.request_fields import is_deterministic_params
 
 logger = logging.getLogger(__name__)
@@ -162,8 +162,10 @@ def _sync_new_tokens(state: DetRequestState, req) -> None:
     if num_new <= 0:
         return
     if state.num_output_tokens == 0:
-        state.on_first_token()  # from the deterministic prefill
+        state.on_first_token()  # verified: solo prefill; a candidate: prompt pass pending
         num_new -= 1
+        if state.verify_prompt and prefill_faults.enabled():
+            prefill_faults.perturb(runtime.RUNTIME.scheduler, req)
     if num_new:
         state.append_candidates(num_new)
 
@@ -193,16 +195,17 @@ def reset_for_retract_hook(result, req, *args, **kwargs):
 
 
 def prefill_batch_hook(original, scheduler, *args, **kwargs):
-    """AROUND Scheduler._get_new_batch_prefill_raw: a deterministic prefill runs alone."""
+    """AROUND Scheduler._get_new_batch_prefill_raw: a deterministic prefill runs alone, unless
+    its prompt is verified afterwards (`--llm42-batched-prefill`): then it joins any batch."""
     rt = runtime.RUNTIME
     queue = scheduler.waiting_queue
     chunked = scheduler.chunked_req
-    if rt is None or not (any(det_state(r) for r in queue) or det_state(chunked) is not None):
+    if rt is None or not any(_prefills_alone(rt, r) for r in (*queue, chunked)):
         return original(scheduler, *args, **kwargs)
-    det = [r for r in queue if det_state(r) is not None]
-    normal = [r for r in queue if det_state(r) is None]
+    det = [r for r in queue if _prefills_alone(rt, r)]
+    normal = [r for r in queue if not _prefills_alone(rt, r)]
     if chunked is not None:
-        visible = [] if det_state(chunked) is not None else normal
+        visible = [] if _prefills_alone(rt, chunked) else normal
     elif det and (rt.prefer_det_prefill or not normal):
         visible = det[:1]
     else:
@@ -219,6 +222,21 @@ def prefill_batch_hook(original, scheduler, *args, **kwargs):
         merged = [r for r in queue if id(r) in keep]
         merged += [r for r in left if id(r) not in queued]  # e.g. retracted by the original
         scheduler.waiting_queue = merged
+
+
+def _prefills_alone(rt, req) -> bool:
+    """Deterministic and prefilled in a batch of its own; fixes `verify_prompt` on first sight.
+
+    A request asking for prompt logprobs always prefills alone: the prompt pass gives o_0 and
+    the prompt's KV, not the prompt's logprobs."""
+    state = det_state(req) if req is not None else None
+    if state is None:
+        return False
+    if state.num_output_tokens == 0 and state.num_restarts == 0:
+        wants_prompt_logprobs = req.return_logprob and 0 <= req.logprob_start_len < len(
+            req.origin_input_ids)
+        state.verify_prompt = rt.config.batched_prefill and not wants_prompt_logprobs
+    return not state.verify_prompt
 
 
 # ---------------------------------------------------------------- sampling
@@ -306,7 +324,8 @@ def _step_kind(batch) -> str | None:
     if batch.forward_mode.is_decode():
         return "decode"
     if batch.forward_mode.is_extend():
-        return "det_prefill" if any(det_state(r) for r in batch.reqs) else "prefill"
+        alone = any((st := det_state(r)) is not None and not st.verify_prompt for r in batch.reqs)
+        return "det_prefill" if alone else "prefill"
     return None
 
 
@@ -314,10 +333,9 @@ def _verify_due(rt, scheduler, batch) -> None:
     cfg = rt.config
     touched, drained = [], False
     while True:
-        ready = [
-            req for req in batch.reqs
-            if (st := det_state(req)) is not None and not req.finished() and st.is_ready
-        ]
+        live = [r for r in batch.reqs if (st := det_state(r)) is not None and not r.finished()]
+        prompts = [r for r in live if det_state(r).is_prompt_pending and det_state(r).is_ready]
+        ready = [r for r in live if not det_state(r).is_prompt_pending and det_state(r).is_ready]
         for req in ready:
             if req._llm42_ready_at is None:
                 req._llm42_ready_at = rt.decode_step
@@ -326,17 +344,21 @@ def _verify_due(rt, scheduler, batch) -> None:
             [det_state(req).is_finishing for req in ready],
             cfg.verify_batch_size, cfg.verify_wait_steps,
         )
-        if not chosen:
+        if not chosen and not prompts:
             break
         if not drained:
             drained = True
             if _drain(scheduler):
                 continue  # the in-flight result changed the candidates: choose again
-        reqs = [ready[i] for i in chosen]
-        _verify(rt, scheduler, batch, reqs)
-        for req in reqs:
+        if prompts:  # first: every later window of theirs reads the prompt's KV
+            jobs = [(r, build_prompt_rows(det_state(r), r.origin_input_ids)) for r in prompts]
+        else:
+            jobs = [(r, [build_row(det_state(r), r.output_ids)]) for r in (ready[i] for i in chosen)]
+        _verify(rt, scheduler, batch, jobs)
+        for req, _ in jobs:
             req._llm42_ready_at = None
-        touched += [r for r in reqs if not any(r is t for t in touched)]
+            if not any(req is t for t in touched):
+                touched.append(req)
     if touched:
         scheduler.batch_result_processor.output_streamer.stream_output(
             touched, batch.return_logprob
@@ -357,20 +379,24 @@ def _drain(scheduler) -> bool:
     return True
 
 
-def _verify(rt, scheduler, batch, ready) -> None:
+def _verify(rt, scheduler, batch, jobs) -> None:
+    """Run the rows of `jobs` ((request, its rows) pairs, in order) in B x W passes; a request
+    is decided by its last row (one row for a window, ceil(P / W) rows for a prompt)."""
     cfg = rt.config
-    rows = [build_row(det_state(req), req.output_ids) for req in ready]
+    owners = [(req, i == len(rows) - 1) for req, rows in jobs for i in range(len(rows))]
+    rows = [row for _, rows in jobs for row in rows]
     start = 0
     for vpass in plan_passes(rows, cfg.verify_batch_size, cfg.window_size):
-        reqs = ready[start : start + vpass.num_real_rows]
+        mine = owners[start : start + vpass.num_real_rows]
         start += vpass.num_real_rows
-        row_reqs = reqs + [None] * vpass.num_pad_rows
+        row_reqs = [req for req, _ in mine] + [None] * vpass.num_pad_rows
         results, seconds = verifier.run_pass(scheduler, batch, vpass, row_reqs)
         rt.stats.observe_pass(vpass.num_real_rows, vpass.num_pad_rows, seconds)
         if rt.metrics is not None:
             rt.metrics.observe_pass(vpass.num_real_rows, vpass.num_pad_rows, seconds)
-        for req, res in zip(reqs, results):
-            _apply(rt, scheduler, batch, req, res)
+        for (req, decides), res in zip(mine, results):
+            if decides:
+                _apply(rt, scheduler, batch, req, res)
 
 
 def _apply(rt, sched, batch, req, res: verifier.RowResult) -> None:

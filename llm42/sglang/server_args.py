@@ -18,6 +18,7 @@ FLAG_DEFAULTS = {
     "llm42_inject_mismatch_rate": 0.0,
     "llm42_skip_compare": False,
     "llm42_max_verify_wait": None,
+    "llm42_batched_prefill": False,
 }
 
 
@@ -48,6 +49,13 @@ def add_cli_args_hook(original, parser: argparse.ArgumentParser):
         default=FLAG_DEFAULTS["llm42_max_verify_wait"],
         help="Decode steps a full window may wait (decoding on) so that passes fill up with B "
         "rows instead of padding; 0 verifies every window at once. Default: W / 4.",
+    )
+    group.add_argument(
+        "--llm42-batched-prefill",
+        action="store_true",
+        help="Prefill deterministic requests on the fast path together with other requests and "
+        "verify their prompt in fixed-shape passes (instead of one prefill batch per request). "
+        "Requests asking for prompt logprobs are still prefilled alone.",
     )
     group.add_argument(
         "--llm42-inject-mismatch-rate",
@@ -96,6 +104,7 @@ def config_from_values(values: dict, seed: int | None) -> Llm42Config:
         skip_compare=values["llm42_skip_compare"],
         seed=seed or 0,
         max_verify_wait=values["llm42_max_verify_wait"],
+        batched_prefill=values["llm42_batched_prefill"],
     )
 
 

@@ -41,7 +41,7 @@ _PAD_REQ = _PadReq()
 
 @dataclass
 class RowResult:
-    token_ids: list[int]  # [num_real] verifier tokens
+    token_ids: list[int]  # verifier tokens of entries [sample_from, num_real)
     logprobs: list[float] | None
     top_logprobs_val: list | None
     top_logprobs_idx: list | None
@@ -119,7 +119,8 @@ def run_pass(
 
 
 def _sample_rows(scheduler, vpass: VerifyPass, reqs, logits: torch.Tensor):
-    """Sample every real entry in one call of the model runner's Sampler, as decode does.
+    """Sample the real entries a decision reads (all of a window row, the last of a prompt) in
+    one call of the model runner's Sampler, as decode does.
 
     Its llm42 hook (`group_sampling.sampler_forward_hook`) samples each kind of row (greedy /
     top-k / top-p / min-p) on its own, so an entry's token and logprobs depend on its request
@@ -128,7 +129,9 @@ def _sample_rows(scheduler, vpass: VerifyPass, reqs, logits: torch.Tensor):
 
     W = vpass.window_size
     entries = [(r, j) for r, row in enumerate(vpass.rows) if not row.is_pad
-               for j in range(row.num_real)]
+               for j in range(row.sample_from, row.num_real)]
+    if not entries:  # only leading rows of long prompts: nothing is compared
+        return [None if row.is_pad else RowResult([], [], [], []) for row in vpass.rows]
     index = torch.tensor([r * W + j for r, j in entries], device=logits.device)
     entry_reqs = [reqs[r] for r, _ in entries]
     out = LogitsProcessorOutput(next_token_logits=logits.index_select(0, index).float())
@@ -152,7 +155,7 @@ def _sample_rows(scheduler, vpass: VerifyPass, reqs, logits: torch.Tensor):
         if row.is_pad:
             results.append(None)
             continue
-        vals = [per_entry[(r, j)] for j in range(row.num_real)]
+        vals = [per_entry[(r, j)] for j in range(row.sample_from, row.num_real)]
         results.append(
             RowResult(
                 token_ids=[v[0] for v in vals],

@@ -1,0 +1,37 @@
+"""Test fault: a fast-path prefill whose KV and first token depend on the run.
+
+On a small CPU model a batched prefill happens to give the same KV as a solo one, so nothing
+would show that the prompt pass (`--llm42-batched-prefill`) really replaces what the fast path
+wrote. With `LLM42_TEST_PERTURB_PREFILL=1` every deterministic request prefilled on the fast path
+gets random noise on its prompt KV (every layer) and a random o_0, different on every run; the
+prompt pass must restore both bit for bit. Never set outside tests.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+ENV = "LLM42_TEST_PERTURB_PREFILL"
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "") not in ("", "0")
+
+
+def perturb(scheduler, req) -> None:
+    """Noise on the prompt KV slots of `req` and a random candidate o_0 (also the next input)."""
+    import torch
+
+    rng = random.Random()
+    kv = scheduler.token_to_kv_pool_allocator.get_kvcache()
+    prompt_len = len(req.origin_input_ids)
+    slots = scheduler.req_to_token_pool.req_to_token[req.req_pool_idx, :prompt_len].long()
+    gen = torch.Generator(device="cpu").manual_seed(rng.getrandbits(63))
+    for layer in range(kv.start_layer, kv.start_layer + kv.layer_num):
+        for buf in kv.get_kv_buffer(layer):
+            noise = torch.randn(buf[slots].shape, generator=gen) * 0.05
+            buf[slots] += noise.to(buf.device, buf.dtype)
+    token = rng.randrange(scheduler.model_config.vocab_size)
+    req.output_ids[0] = token
+    scheduler.future_map.output_tokens_buf[req.req_pool_idx] = token

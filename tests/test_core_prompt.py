@@ -1,0 +1,88 @@
+"""Prompt verification in the core (`verify_prompt`): window -1, prompt rows, o_0 decisions."""
+
+from __future__ import annotations
+
+import pytest
+
+from llm42.core import (
+    PAD_TOKEN_ID,
+    DetRequestState,
+    InvariantError,
+    build_prompt_rows,
+    build_row,
+    decide,
+    plan_passes,
+)
+
+PROMPT = [7, 8, 9, 10, 11, 12, 13, 14, 15, 16]  # P = 10
+
+
+def prompt_state(window_size: int = 4) -> DetRequestState:
+    state = DetRequestState(rid="r", window_size=window_size, num_prompt_tokens=len(PROMPT),
+                            verify_prompt=True)
+    state.on_first_token()
+    return state
+
+
+def test_first_token_is_a_candidate_until_the_prompt_pass():
+    state = prompt_state()
+    assert (state.num_verified_tokens, state.num_output_tokens) == (0, 1)
+    assert state.is_prompt_pending and state.is_ready  # due as soon as o_0 exists
+    assert (state.window_index, state.window_start, state.compare_end) == (-1, -1, 1)
+    state.append_candidates(3)  # decoding goes on meanwhile; only o_0 is compared
+    assert (state.compare_end, state.num_real_entries) == (1, 1)
+    with pytest.raises(InvariantError, match="prompt comes first"):
+        build_row(state, [1, 2, 3, 4])
+
+
+def test_prompt_rows_cover_the_prompt_and_only_the_last_entry_is_sampled():
+    rows = build_prompt_rows(prompt_state(4), PROMPT)
+    assert [r.input_ids for r in rows] == [
+        (7, 8, 9, 10), (11, 12, 13, 14), (15, 16, PAD_TOKEN_ID, PAD_TOKEN_ID)]
+    assert [r.prefix_len for r in rows] == [0, 4, 8]
+    assert [r.positions for r in rows] == [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11)]
+    assert [(r.num_real, r.sample_from) for r in rows] == [(4, 4), (4, 4), (2, 1)]
+    # rows of one prompt keep their order across passes of B rows (later rows read their KV)
+    passes = plan_passes(rows, batch_size=2, window_size=4)
+    assert [row.rid for p in passes for row in p.real_rows] == [r.rid for r in rows]
+    # an exact multiple of W: the last row is full and samples its last entry
+    last = build_prompt_rows(prompt_state(5), PROMPT)[-1]
+    assert (last.num_real, last.sample_from, last.prefix_len) == (5, 4, 5)
+
+
+@pytest.mark.parametrize(("verifier_o0", "rollback"), [(100, False), (555, True)])
+def test_prompt_decision_accepts_or_replaces_o0(verifier_o0, rollback):
+    state = prompt_state()
+    state.append_candidates(3)
+    output = [100, 101, 102, 103]
+    decision = decide(state, output, [verifier_o0])
+    assert decision.num_compared == 1 and decision.is_rollback == rollback
+    state.apply(decision)
+    assert not state.is_prompt_pending and state.num_verified_tokens == 1
+    if rollback:  # o_0 replaced, its candidates dropped
+        assert (decision.corrected_token_id, state.num_output_tokens) == (555, 1)
+        assert decision.num_rejected == 4
+    else:  # window 0 comes next, over the prompt's (now verified) KV
+        assert state.num_output_tokens == 4 and state.window_start == 0
+
+
+def test_restart_and_abort_keep_prompt_verification():
+    state = prompt_state()
+    state.append_candidates(2)
+    assert state.rollback_unverified() == 3 and state.num_output_tokens == 0
+    state.on_first_token()
+    state.restart()
+    state.on_first_token()
+    assert state.is_prompt_pending and state.num_restarts == 1
+
+
+def test_prompt_rows_misuse_raises():
+    with pytest.raises(InvariantError, match="no prompt pass pending"):
+        build_prompt_rows(DetRequestState(rid="r", window_size=4, num_prompt_tokens=10,
+                                          verify_prompt=True), PROMPT)
+    with pytest.raises(InvariantError, match="prompt tokens"):
+        build_prompt_rows(prompt_state(), PROMPT[:-1])
+    solo = DetRequestState(rid="r", window_size=4, num_prompt_tokens=10)
+    solo.on_first_token()
+    with pytest.raises(InvariantError, match="no prompt pass pending"):
+        build_prompt_rows(solo, PROMPT)
