@@ -52,6 +52,16 @@ def _unpack(out: dict, ids):
     return list(ids), lps, meta
 
 
+def llm42_stats(url: str) -> dict:
+    return requests.get(url + "/llm42_stats", timeout=60).json()
+
+
+def assert_same(ref, got, what: str) -> None:
+    """Bitwise: token ids and logprobs of two (ids, logprobs, meta) results."""
+    assert got[0] == ref[0], f"{what}: token ids differ\n{ref[0]}\n{got[0]}"
+    assert got[1] == ref[1], f"{what}: logprobs differ (bitwise)"
+
+
 def concurrently(fns):
     with ThreadPoolExecutor(max_workers=len(fns)) as pool:
         futures = [pool.submit(f) for f in fns]

@@ -23,16 +23,12 @@ import pytest
 import requests
 
 from conftest import VERIFY_BATCH
-from helpers import PROMPTS, background_requests, concurrently, generate
+from helpers import PROMPTS, assert_same, background_requests, concurrently, generate, llm42_stats
 
 pytestmark = pytest.mark.server
 
 VICTIM_TOKENS = 24  # 3 windows (ignore_eos)
 
-
-def _assert_same(ref, got, what):
-    assert got[0] == ref[0], f"{what}: token ids differ\n{ref[0]}\n{got[0]}"
-    assert got[1] == ref[1], f"{what}: logprobs differ (bitwise)"
 
 
 def _assert_prefix(ref, got, what):
@@ -133,9 +129,6 @@ def disconnect_after(url, prompt, case, after_chunks, stream=True,
 # ------------------------------------------------------------------ checks
 
 
-def _stats(url):
-    return requests.get(url + "/llm42_stats", timeout=60).json()
-
 
 def _wait_idle(url, timeout=600):
     """Every aborted request must leave the scheduler (a disconnect that was not turned into an
@@ -218,7 +211,7 @@ def test_abort_storm_leaves_concurrent_deterministic_requests_bitwise_unchanged(
     completed, num_aborted = [], 0
     for kind, key, out in results:
         if kind == "witness":
-            _assert_same(refs[key], out, f"witness {key} next to aborts")
+            assert_same(refs[key], out, f"witness {key} next to aborts")
             completed.append(out)
         elif kind in ("chunks", "tokens", "delay"):
             ids, lps, meta = out
@@ -227,16 +220,16 @@ def test_abort_storm_leaves_concurrent_deterministic_requests_bitwise_unchanged(
             if meta["finish_reason"]["type"] == "abort":
                 num_aborted += 1
             else:  # the abort came too late: the request completed, verified, as when alone
-                _assert_same(refs[key], out, f"{kind} victim {key} not aborted")
+                assert_same(refs[key], out, f"{kind} victim {key} not aborted")
                 completed.append(out)
     assert num_aborted >= 1, "no request was aborted at all"
     # a disconnect noticed only after the last window completes the request (strict check:
     # test_client_disconnect_aborts)
-    _check_stats(_stats(url), (len(completed), len(completed) + 3), completed)
+    _check_stats(llm42_stats(url), (len(completed), len(completed) + 3), completed)
 
     # the server still serves deterministic requests exactly as before
     p, i = keys[1]
-    _assert_same(refs[keys[1]], _reference(url, p, CASES[i], VICTIM_TOKENS), "after the aborts")
+    assert_same(refs[keys[1]], _reference(url, p, CASES[i], VICTIM_TOKENS), "after the aborts")
 
 
 def test_abort_mid_window_frees_everything(llm42_server):
@@ -250,8 +243,8 @@ def test_abort_mid_window_frees_everything(llm42_server):
     assert 0 < len(got[0]) < 400
     _wait_idle(url)
     ref = _reference(url, PROMPTS[0], CASES[0], len(got[0]))
-    _assert_same(ref, got, "aborted mid-window vs solo of that length")
-    _assert_same(ref, _reference(url, PROMPTS[0], CASES[0], len(got[0])), "after abort")
+    assert_same(ref, got, "aborted mid-window vs solo of that length")
+    assert_same(ref, _reference(url, PROMPTS[0], CASES[0], len(got[0])), "after abort")
 
 
 def test_client_disconnect_aborts(llm42_server):
@@ -268,8 +261,8 @@ def test_client_disconnect_aborts(llm42_server):
         lambda: disconnect_after(url, PROMPTS[5], CASES[1], 5, max_new_tokens=400),
     ])[0]
     _wait_idle(url)
-    _assert_same(ref, out, "next to disconnects")
-    _check_stats(_stats(url), 1, [out])  # a disconnected request that ran on would count
+    assert_same(ref, out, "next to disconnects")
+    _check_stats(llm42_stats(url), 1, [out])  # a disconnected request that ran on would count
 
 
 def test_abort_every_queued_deterministic_request(llm42_server):
@@ -297,4 +290,4 @@ def test_abort_every_queued_deterministic_request(llm42_server):
     _wait_idle(url)
     again = concurrently([lambda i=i: one(100 + i) for i in range(4)])
     for o in again:
-        _assert_same(ref, o, "after abort_all")
+        assert_same(ref, o, "after abort_all")

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from helpers import PROMPTS, generate
+from helpers import PROMPTS, generate, llm42_stats
 
 pytestmark = pytest.mark.server
 
@@ -22,9 +22,6 @@ PROMPT = PROMPTS[3]
 DET_TOKENS = 32  # 4 windows of W = 8
 MATE_TOKENS = 900  # the mates outlive the deterministic request's decode; aborted after it
 
-
-def _stats(url) -> dict:
-    return requests.get(url + "/llm42_stats", timeout=60).json()
 
 
 def _num_reqs(url) -> int:
@@ -45,7 +42,7 @@ def _mate(url, i: int, **sampling):
 
 def _det_among(url, mates: list[dict]):
     """The deterministic request decoded next to `mates` (started first); its rollbacks."""
-    before = _stats(url)
+    before = llm42_stats(url)
     with ThreadPoolExecutor(len(mates)) as pool:
         futures = [pool.submit(_mate, url, i, **m) for i, m in enumerate(mates)]
         deadline = time.time() + 60
@@ -57,7 +54,7 @@ def _det_among(url, mates: list[dict]):
         for i, f in enumerate(futures):
             requests.post(url + "/abort_request", json={"rid": f"mate-{i}"}, timeout=60)
             f.result()
-    rollbacks = _stats(url)["rollbacks"] - before["rollbacks"]
+    rollbacks = llm42_stats(url)["rollbacks"] - before["rollbacks"]
     assert rollbacks == out[2]["llm42_rollbacks"]  # only deterministic rows are verified
     return out, rollbacks
 

@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from conftest import VERIFY_BATCH, WINDOW, wait_idle_and_healthy
-from helpers import PROMPTS, background_requests, concurrently, generate
+from helpers import PROMPTS, assert_same, background_requests, concurrently, generate, llm42_stats
 
 pytestmark = pytest.mark.server
 
@@ -23,33 +23,31 @@ CASES = [
 LONG_PROMPT = " ".join(PROMPTS) * 2
 
 
-def _stats(url):
-    return requests.get(url + "/llm42_stats", timeout=30).json()
-
 
 def _det(url, prompt, n=20, **case):
     return generate(url, prompt, det=True, max_new_tokens=n, **case)
 
-
-def _same(ref, got, what):
-    assert got[0] == ref[0], f"{what}: token ids differ\n{ref[0]}\n{got[0]}"
-    assert got[1] == ref[1], f"{what}: logprobs differ (bitwise)"
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_alone_concurrent_batched_identical(batched_server, case):
     url = batched_server.url
     prompts = PROMPTS + [LONG_PROMPT]
-    before = _stats(url)
+    before = llm42_stats(url)
     refs = [_det(url, p, **case) for p in prompts]
     loaded = concurrently(
         [lambda p=p: _det(url, p, **case) for p in prompts] + background_requests(url, 24)
     )[: len(prompts)]
     batched = generate(url, prompts, det=True, max_new_tokens=20, **case)
+    streamed = concurrently(  # streams must never carry o_0 before its prompt pass
+        [lambda p=p: _det(url, p, stream=True, **case) for p in prompts[:3]]
+        + background_requests(url, 8))[:3]
     for p, ref, got, bat in zip(prompts, refs, loaded, batched):
-        _same(ref, got, f"concurrent {p[:30]!r}")
-        _same(ref, bat, f"batched {p[:30]!r}")
-    after = _stats(url)
+        assert_same(ref, got, f"concurrent {p[:30]!r}")
+        assert_same(ref, bat, f"batched {p[:30]!r}")
+    for p, ref, got in zip(prompts, refs, streamed):
+        assert_same(ref, got, f"streamed {p[:30]!r}")
+    after = llm42_stats(url)
     # No deterministic prefill ran alone; prompt passes did, and rolled back now and then.
     assert after["steps_det_prefill"] == before["steps_det_prefill"], after
     assert after["verify_passes"] > before["verify_passes"]
@@ -66,20 +64,20 @@ def test_prompt_spans_passes_and_short_outputs(batched_server):
         ref = _det(url, LONG_PROMPT, n=n)
         assert len(ref[0]) == n == len(ref[1])
         got = concurrently([lambda: _det(url, LONG_PROMPT, n=n)] + background_requests(url, 8))[0]
-        _same(ref, got, f"{n} tokens")
+        assert_same(ref, got, f"{n} tokens")
 
 
 def test_prompt_logprob_requests_still_prefill_alone(batched_server):
     """Prompt logprobs come from the prefill, which the prompt pass does not replace."""
     url = batched_server.url
     extra = {"logprob_start_len": 0}
-    before = _stats(url)["steps_det_prefill"]
+    before = llm42_stats(url)["steps_det_prefill"]
     ref = generate(url, PROMPTS[1], det=True, max_new_tokens=12, extra=extra)
     got = concurrently([lambda: generate(url, PROMPTS[1], det=True, max_new_tokens=12,
                                          extra=extra)] + background_requests(url, 8))[0]
-    _same(ref, got, "with prompt logprobs")
+    assert_same(ref, got, "with prompt logprobs")
     assert ref[2]["input_token_logprobs"] == got[2]["input_token_logprobs"]
-    assert _stats(url)["steps_det_prefill"] >= before + 2
+    assert llm42_stats(url)["steps_det_prefill"] >= before + 2
 
 
 def test_abort_all_mid_prompt_pass_leaks_nothing(batched_server):
@@ -101,4 +99,4 @@ def test_abort_all_mid_prompt_pass_leaks_nothing(batched_server):
     for ids, lps, meta in outs:  # an aborted request publishes a verified prefix
         assert ids == ref[0][: len(ids)] and lps == ref[1][: len(lps)]
     wait_idle_and_healthy(batched_server)
-    _same(ref, _det(url, PROMPTS[3], n=16), "after abort_all")
+    assert_same(ref, _det(url, PROMPTS[3], n=16), "after abort_all")

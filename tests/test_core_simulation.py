@@ -20,6 +20,7 @@ from llm42.core import (
     Llm42Stats,
     MismatchInjector,
     VerifyPass,
+    build_prompt_rows,
     build_row,
     decide,
     plan_passes,
@@ -29,6 +30,7 @@ from llm42.core import (
 VOCAB = 17
 EOS = 0
 P = 5
+PROMPT = [3, 1, 4, 1, 5]  # every request's prompt (the fake model ignores it)
 
 
 def true_next_token(reference: list[int], prefix: list[int]) -> int:
@@ -56,14 +58,16 @@ class SimRequest:
         self.is_done = is_finished and self.state.is_fully_verified
 
 
-def make_request(index: int, rng: random.Random, window_size: int) -> SimRequest:
+def make_request(index: int, rng: random.Random, window_size: int,
+                 verify_prompt: bool = False) -> SimRequest:
     length = rng.randint(1, 40)
     reference = [rng.randrange(1, VOCAB) for _ in range(length)]
     ends_with_eos = rng.random() < 0.5
     if ends_with_eos:
         reference[-1] = EOS
     max_tokens = length + rng.randint(0, 5) if ends_with_eos else length
-    state = DetRequestState(rid=f"r{index}", window_size=window_size, num_prompt_tokens=P)
+    state = DetRequestState(rid=f"r{index}", window_size=window_size, num_prompt_tokens=P,
+                            verify_prompt=verify_prompt)
     return SimRequest(state=state, reference=reference, max_tokens=max_tokens)
 
 
@@ -74,7 +78,12 @@ def fake_verifier(verify_pass: VerifyPass, requests: dict[str, SimRequest]) -> l
         if row.is_pad:
             out.append([PAD_TOKEN_ID] * verify_pass.window_size)
             continue
-        request = requests[row.rid]
+        request = requests[row.rid.split("/")[0]]
+        if "/prompt" in row.rid:  # prompt rows: only the last real entry predicts (o_0)
+            out.append([PAD_TOKEN_ID] * (row.num_real - 1)
+                       + [true_next_token(request.reference, [])]
+                       + [PAD_TOKEN_ID] * (verify_pass.window_size - row.num_real))
+            continue
         prefix_ids = request.output_ids[: row.prefix_len - P]  # the KV [0, P + kW), committed
         assert prefix_ids == request.reference[: len(prefix_ids)], "prefix KV not committed"
         assert row.positions[0] == row.prefix_len, "row must start right after its prefix"
@@ -98,15 +107,22 @@ def simulate(
     inject_rate: float,
     max_wait: int,
     corrupt_in_place: bool = False,
+    verify_prompt: bool = False,
 ):
+    """verify_prompt: o_0 comes from a fast-path prefill (wrong at ``error_rate``) and is
+    verified by prompt passes, which run before any window (as in the adapter)."""
     rng = random.Random(seed)
     requests = {
-        r.state.rid: r for r in (make_request(i, rng, window_size) for i in range(num_requests))
+        r.state.rid: r
+        for r in (make_request(i, rng, window_size, verify_prompt) for i in range(num_requests))
     }
     injector = MismatchInjector(rate=inject_rate, seed=seed)
     stats = Llm42Stats()
-    for request in requests.values():  # deterministic prefill: o_0 is right and verified
-        request.output_ids.append(true_next_token(request.reference, []))
+    for request in requests.values():  # solo prefill: o_0 right and verified; else a candidate
+        token_id = true_next_token(request.reference, [])
+        if verify_prompt and rng.random() < error_rate:
+            token_id = (token_id + rng.randrange(1, VOCAB)) % VOCAB
+        request.output_ids.append(token_id)
         request.state.on_first_token()
         request.refresh_finishing()
     ready_since: dict[str, int] = {}
@@ -116,16 +132,17 @@ def simulate(
             break
         # 1. Fast path: every active, non-finishing request not being verified decodes one token;
         #    a full window waits up to max_wait steps for the pass to fill (select_rows).
-        waiting = [r for r in active if r.state.is_ready]
+        prompts = [r for r in active if r.state.is_prompt_pending and r.state.is_ready]
+        waiting = [r for r in active if r.state.is_ready and not r.state.is_prompt_pending]
         for r in waiting:
             ready_since.setdefault(r.state.rid, step)
         chosen = select_rows(
             [step - ready_since[r.state.rid] for r in waiting],
             [r.state.is_finishing for r in waiting], batch_size, max_wait,
         )
-        ready = [waiting[i] for i in chosen]
+        ready = prompts or [waiting[i] for i in chosen]
         for r in ready:
-            del ready_since[r.state.rid]
+            ready_since.pop(r.state.rid, None)
         for request in active:
             if request in ready or request.state.is_finishing:
                 continue
@@ -146,13 +163,17 @@ def simulate(
             if corrupt_in_place:
                 request.output_ids[:] = candidate_ids
             injected[request.state.rid] = (candidate_ids, None if index is None else u + index)
-        rows = [build_row(r.state, r.output_ids) for r in ready]
+        rows = [row for r in ready for row in (
+            build_prompt_rows(r.state, PROMPT) if prompts else [build_row(r.state, r.output_ids)])]
         for verify_pass in plan_passes(rows, batch_size, window_size):
             stats.observe_pass(verify_pass.num_real_rows, verify_pass.num_pad_rows, 0.0)
             verifier_rows = fake_verifier(verify_pass, requests)
             for row, verifier_ids in zip(verify_pass.real_rows, verifier_rows, strict=False):
-                request = requests[row.rid]
-                candidate_ids, injected_index = injected[row.rid]
+                if row.sample_from == row.num_real:
+                    continue  # a leading prompt row: decides nothing
+                request = requests[row.rid.split("/")[0]]
+                verifier_ids = verifier_ids[row.sample_from :]
+                candidate_ids, injected_index = injected[request.state.rid]
                 decision = decide(
                     request.state, candidate_ids, verifier_ids, injected_index=injected_index
                 )
@@ -164,7 +185,7 @@ def simulate(
                 stats.observe_decision(decision)
                 committed = request.output_ids[: request.state.num_verified_tokens]
                 assert committed == request.reference[: len(committed)], (
-                    f"{row.rid}: committed {committed} is not a prefix of {request.reference}"
+                    f"{request.state.rid}: committed {committed} is not a prefix of {request.reference}"
                 )
                 request.refresh_finishing()
     else:
@@ -182,6 +203,7 @@ def simulate(
     inject_rate=st.sampled_from([0.0, 0.3, 1.0]),
     max_wait=st.integers(0, 7),
     corrupt_in_place=st.booleans(),
+    verify_prompt=st.booleans(),
 )
 def test_verified_output_equals_reference(
     seed,
@@ -192,6 +214,7 @@ def test_verified_output_equals_reference(
     inject_rate,
     max_wait,
     corrupt_in_place,
+    verify_prompt,
 ) -> None:
     requests, stats = simulate(
         seed,
@@ -202,6 +225,7 @@ def test_verified_output_equals_reference(
         inject_rate,
         max_wait,
         corrupt_in_place,
+        verify_prompt,
     )
     for rid, request in requests.items():
         assert request.output_ids == request.reference, (
@@ -210,7 +234,8 @@ def test_verified_output_equals_reference(
         state = request.state
         assert state.num_verified_tokens == state.num_output_tokens == len(request.reference)
     snapshot = stats.snapshot()
-    total_committed = sum(len(r.reference) - 1 for r in requests.values())  # o_0 from prefill
+    # o_0 is committed by the prefill, or by the prompt pass with verify_prompt
+    total_committed = sum(len(r.reference) - (0 if verify_prompt else 1) for r in requests.values())
     assert snapshot["verified_tokens"] == total_committed, "each committed token counted once"
     assert snapshot["rollbacks"] == sum(r.state.num_rollbacks for r in requests.values())
     assert snapshot["tokens_rolled_back"] == sum(
@@ -235,6 +260,11 @@ def test_simulation_exercises_rollbacks_and_injection() -> None:
     snapshot = stats.snapshot()
     assert snapshot["rollbacks"] > 0 and snapshot["injected_mismatches"] > 0, snapshot
     assert snapshot["padded_rows"] > 0 and snapshot["recompute_pct"] > 0, snapshot
+    # prompt passes: a wrong fast-path o_0 is rolled back before its first window
+    requests, stats = simulate(seed=2, window_size=4, batch_size=2, num_requests=5,
+                               error_rate=0.9, inject_rate=0.0, max_wait=1, verify_prompt=True)
+    assert stats.snapshot()["rollbacks"] >= len(requests) // 2
+    assert all(r.output_ids == r.reference for r in requests.values())
 
 
 def test_waiting_for_full_passes_saves_padding() -> None:

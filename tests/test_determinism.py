@@ -12,7 +12,7 @@ import json
 import pytest
 import requests
 
-from helpers import PROMPTS, background_requests, concurrently, generate
+from helpers import PROMPTS, assert_same, background_requests, concurrently, generate, llm42_stats
 
 pytestmark = pytest.mark.server
 
@@ -26,13 +26,6 @@ def _det(url, prompt, **kw):
     return generate(url, prompt, det=True, max_new_tokens=kw.pop("max_new_tokens", 28), **kw)
 
 
-def _stats(url):
-    return requests.get(url + "/llm42_stats", timeout=30).json()
-
-
-def _assert_same(ref, got, what):
-    assert got[0] == ref[0], f"{what}: token ids differ\n{ref[0]}\n{got[0]}"
-    assert got[1] == ref[1], f"{what}: logprobs differ (bitwise)"
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -41,15 +34,15 @@ def test_alone_vs_concurrent_vs_batched(llm42_server, case):
     refs = [_det(url, p, **case) for p in PROMPTS]
     again = [_det(url, p, **case) for p in PROMPTS]
     for p, r, a in zip(PROMPTS, refs, again):
-        _assert_same(r, a, f"repeat {p!r}")
+        assert_same(r, a, f"repeat {p!r}")
     # the same requests among 30 normal requests of mixed lengths
-    before = _stats(url)
+    before = llm42_stats(url)
     loaded = concurrently(
         [lambda p=p: _det(url, p, **case) for p in PROMPTS] + background_requests(url, 30)
     )[: len(PROMPTS)]
     for p, r, got in zip(PROMPTS, refs, loaded):
-        _assert_same(r, got, f"concurrent {p!r}")
-    after = _stats(url)
+        assert_same(r, got, f"concurrent {p!r}")
+    after = llm42_stats(url)
     # ... verified in SGLang's overlap loop, results in flight processed before each pass
     assert after["overlap_schedule"] is True, after
     assert after["verify_passes"] > before["verify_passes"], after
@@ -58,7 +51,7 @@ def test_alone_vs_concurrent_vs_batched(llm42_server, case):
     batched = generate(url, PROMPTS, det=True, max_new_tokens=28,
                        temperature=case["temperature"], seed=case.get("seed"))
     for p, r, got in zip(PROMPTS, refs, batched):
-        _assert_same(r, got, f"batched {p!r}")
+        assert_same(r, got, f"batched {p!r}")
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -69,7 +62,7 @@ def test_streaming_matches_non_streaming(llm42_server, case):
         got = concurrently(
             [lambda: _det(url, p, stream=True, **case)] + background_requests(url, 12)
         )[0]
-        _assert_same(ref, got, f"streamed {p!r}")
+        assert_same(ref, got, f"streamed {p!r}")
 
 
 def _stream_chunks(url, path, body):
@@ -118,8 +111,8 @@ def test_injected_mismatches_roll_back_without_changing_output(llm42_server, inj
         for p in PROMPTS:
             clean = _det(llm42_server.url, p, **case)
             faulty = _det(inject_server.url, p, **case)
-            _assert_same(clean, faulty, f"injected {p!r} {case}")
-    stats = _stats(inject_server.url)
+            assert_same(clean, faulty, f"injected {p!r} {case}")
+    stats = llm42_stats(inject_server.url)
     assert stats["rollbacks"] > 0 and stats["injected_mismatches"] > 0, stats
     assert stats["overlap_schedule"] is False and stats["early_results"] == 0, stats
     assert stats["tokens_rolled_back"] > 0 and stats["recompute_pct"] > 0

@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from conftest import _llm42_args, _start
-from helpers import PROMPTS, generate, is_gone
+from helpers import PROMPTS, generate, is_gone, llm42_stats
 
 pytestmark = pytest.mark.server
 
@@ -42,14 +42,11 @@ def _record(url):
     return out
 
 
-def _stats(url):
-    return requests.get(url + "/llm42_stats", timeout=60).json()
-
 
 def test_restarted_server_reproduces_outputs_and_starts_with_zero_stats(
         llm42_server, tiny_model, tmp_path_factory):
     before = _record(llm42_server.url)
-    old_stats = _stats(llm42_server.url)
+    old_stats = llm42_stats(llm42_server.url)
     assert old_stats["verify_passes"] > 0 and old_stats["verified_tokens"] > 0, old_stats
 
     server = _start(tiny_model, _llm42_args(), "restarted", tmp_path_factory)
@@ -58,7 +55,7 @@ def test_restarted_server_reproduces_outputs_and_starts_with_zero_stats(
         # launcher (HTTP + tokenizer manager), scheduler, detokenizer
         pids = server.process_ids()
         assert len(pids) >= 3, f"expected the launcher and its children, saw {pids}"
-        fresh = _stats(server.url)
+        fresh = llm42_stats(server.url)
         for key in COUNTERS:
             assert fresh[key] == 0, f"{key} = {fresh[key]} on a freshly started server"
         assert {k: fresh[k] for k in ("window_size", "verify_batch_size",
@@ -68,7 +65,7 @@ def test_restarted_server_reproduces_outputs_and_starts_with_zero_stats(
         after = _record(server.url)
         for key, ref in before.items():
             assert after[key] == ref, f"{key}: output differs after a restart"
-        stats = _stats(server.url)
+        stats = llm42_stats(server.url)
         assert stats["det_requests_finished"] == len(before)  # exactly this test's requests
     finally:
         pids |= server.process_ids()

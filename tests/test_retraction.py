@@ -24,12 +24,15 @@ RETRACT_EVERY = 10  # decode steps
 CASES = [dict(temperature=0.0), dict(temperature=0.8, seed=321)]
 
 
-@pytest.fixture(scope="module")
-def pressure_server(tiny_model, tmp_path_factory):
+@pytest.fixture(scope="module", params=["solo-prefill", "batched-prefill"])
+def pressure_server(request, tiny_model, tmp_path_factory):
+    """Solo deterministic prefills, or batched ones whose prompt passes are redone after a
+    restart (`--llm42-batched-prefill`)."""
     from llm42.server_process import SGLangServer
 
+    extra = ["--llm42-batched-prefill"] if request.param == "batched-prefill" else []
     server = SGLangServer(
-        tiny_model, _llm42_args(rate=0.2) + ["--max-total-tokens", str(KV_TOKENS)],
+        tiny_model, _llm42_args(rate=0.2) + ["--max-total-tokens", str(KV_TOKENS)] + extra,
         env={"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": str(RETRACT_EVERY)},
         log_path=tmp_path_factory.mktemp("pressure") / "server.log", startup_timeout=300,
     )

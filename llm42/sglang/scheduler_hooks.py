@@ -122,13 +122,15 @@ def output_ids_through_stop_getter(original_fget, req):
 
 
 def stream_accept_hook(original, accumulator, *, req):
-    """AROUND the output streamer's per-request accept: a retracted deterministic request
-    streams nothing until it runs again.
+    """AROUND the output streamer's per-request accept: an unfinished deterministic request
+    streams nothing while none of its tokens is verified.
 
-    The overlap loop streams the batch a request was retracted from after the retraction;
-    with its output restarted from the prompt, SGLang would advance the logprob offset past
-    o_0 (`max(len(output), 1)`) and never send o_0's logprob."""
-    if req.is_retracted and not req.finished() and det_state(req) is not None:
+    SGLang sends logprobs up to `max(len(output), 1)`: with no verified token it would send o_0's
+    fast-path logprob and move its offset past it. That happens when the prompt pass is still
+    pending (`--llm42-batched-prefill`), and when the overlap loop streams the batch a request
+    was just retracted from (its output restarts from the prompt)."""
+    state = det_state(req)
+    if state is not None and not req.finished() and state.num_verified_tokens == 0:
         return None
     return original(accumulator, req=req)
 
