@@ -193,40 +193,25 @@ def simulate(
     return requests, stats
 
 
+SIMULATIONS = st.fixed_dictionaries({
+    "seed": st.integers(0, 2**32 - 1),
+    "window_size": st.integers(1, 8),
+    "batch_size": st.integers(1, 4),
+    "num_requests": st.integers(1, 5),
+    "error_rate": st.sampled_from([0.0, 0.05, 0.3, 0.9]),
+    "inject_rate": st.sampled_from([0.0, 0.3, 1.0]),
+    "max_wait": st.integers(0, 7),
+    "corrupt_in_place": st.booleans(),
+    "verify_prompt": st.booleans(),
+})
+
+
 @settings(max_examples=150, deadline=None)
-@given(
-    seed=st.integers(0, 2**32 - 1),
-    window_size=st.integers(1, 8),
-    batch_size=st.integers(1, 4),
-    num_requests=st.integers(1, 5),
-    error_rate=st.sampled_from([0.0, 0.05, 0.3, 0.9]),
-    inject_rate=st.sampled_from([0.0, 0.3, 1.0]),
-    max_wait=st.integers(0, 7),
-    corrupt_in_place=st.booleans(),
-    verify_prompt=st.booleans(),
-)
-def test_verified_output_equals_reference(
-    seed,
-    window_size,
-    batch_size,
-    num_requests,
-    error_rate,
-    inject_rate,
-    max_wait,
-    corrupt_in_place,
-    verify_prompt,
-) -> None:
-    requests, stats = simulate(
-        seed,
-        window_size,
-        batch_size,
-        num_requests,
-        error_rate,
-        inject_rate,
-        max_wait,
-        corrupt_in_place,
-        verify_prompt,
-    )
+@given(params=SIMULATIONS)
+def test_verified_output_equals_reference(params) -> None:
+    requests, stats = simulate(**params)
+    verify_prompt, error_rate, inject_rate = (
+        params["verify_prompt"], params["error_rate"], params["inject_rate"])
     for rid, request in requests.items():
         assert request.output_ids == request.reference, (
             f"{rid}: final {request.output_ids} != reference {request.reference}"
