@@ -56,11 +56,16 @@ def truncate_output(
             if batch is not None:
                 _shrink_batch_row(batch, req, end - start)
     del req.output_ids[new_len:]
+    truncate_logprobs(req, new_len)
+    return num_freed
+
+
+def truncate_logprobs(req: Req, new_len: int) -> None:
+    """Drop output logprob entries from index `new_len` on."""
     for name in _LOGPROB_LISTS:
         values = getattr(req.logprob, name, None) if req.logprob is not None else None
         if values is not None and len(values) > new_len:
             del values[new_len:]
-    return num_freed
 
 
 def replace_tail(

@@ -128,10 +128,15 @@ def stream_accept_hook(original, accumulator, *, req):
     SGLang sends logprobs up to `max(len(output), 1)`: with no verified token it would send o_0's
     fast-path logprob and move its offset past it. That happens when the prompt pass is still
     pending (`--llm42-batched-prefill`), and when the overlap loop streams the batch a request
-    was just retracted from (its output restarts from the prompt)."""
+    was just retracted from (its output restarts from the prompt). A request aborted before
+    anything was verified finishes with no output and no logprobs."""
     state = det_state(req)
-    if state is not None and not req.finished() and state.num_verified_tokens == 0:
-        return None
+    if state is not None and state.num_verified_tokens == 0:
+        if not req.finished():
+            return None
+        # Aborted with nothing verified: SGLang appended the last fast-path token's logprob
+        # after the abort cut the output; it would go out with an empty output.
+        kv_rollback.truncate_logprobs(req, len(req.output_ids))
     return original(accumulator, req=req)
 
 
