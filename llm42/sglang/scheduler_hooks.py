@@ -2,6 +2,8 @@
 
 Flow for a deterministic request, in SGLang's normal and overlap event loops alike:
   1. prefill runs in a batch of its own (`prefill_batch_hook`), so o_0 depends on the request only;
+     with `--llm42-batched-prefill` it runs in any batch and a prompt pass (window -1, rows of
+     W prompt tokens) later recomputes the prompt's KV and verifies o_0 like a candidate;
   2. decode steps append candidates on the shared fast path; `output_ids_through_stop` shows
      the detokenizer only the verified prefix, and a finish (EOS, stop, length) is deferred
      until the tokens that caused it are verified (`update_finish_state_hook`);
