@@ -209,12 +209,16 @@ def prefill_batch_hook(original, scheduler, *args, **kwargs):
     rt = runtime.RUNTIME
     queue = scheduler.waiting_queue
     chunked = scheduler.chunked_req
-    if rt is None or not any(_prefills_alone(rt, r) for r in (*queue, chunked)):
+    if rt is None:
         return original(scheduler, *args, **kwargs)
-    det = [r for r in queue if _prefills_alone(rt, r)]
-    normal = [r for r in queue if not _prefills_alone(rt, r)]
+    alone = [_prefills_alone(rt, r) for r in queue]
+    chunked_alone = _prefills_alone(rt, chunked)
+    if not (any(alone) or chunked_alone):
+        return original(scheduler, *args, **kwargs)
+    det = [r for r, a in zip(queue, alone) if a]
+    normal = [r for r, a in zip(queue, alone) if not a]
     if chunked is not None:
-        visible = [] if _prefills_alone(rt, chunked) else normal
+        visible = [] if chunked_alone else normal
     elif det and (rt.prefer_det_prefill or not normal):
         visible = det[:1]
     else:
@@ -342,9 +346,10 @@ def _verify_due(rt, scheduler, batch) -> None:
     cfg = rt.config
     touched, drained = [], False
     while True:
-        live = [r for r in batch.reqs if (st := det_state(r)) is not None and not r.finished()]
-        prompts = [r for r in live if det_state(r).is_prompt_pending and det_state(r).is_ready]
-        ready = [r for r in live if not det_state(r).is_prompt_pending and det_state(r).is_ready]
+        due = [(r, st) for r in batch.reqs
+               if (st := det_state(r)) is not None and not r.finished() and st.is_ready]
+        prompts = [r for r, st in due if st.is_prompt_pending]
+        ready = [r for r, st in due if not st.is_prompt_pending]
         for req in ready:
             if req._llm42_ready_at is None:
                 req._llm42_ready_at = rt.decode_step
