@@ -62,6 +62,13 @@ def assert_same(ref, got, what: str) -> None:
     assert got[1] == ref[1], f"{what}: logprobs differ (bitwise)"
 
 
+def assert_prefix(ref, got, what: str) -> None:
+    """An aborted request published a bitwise prefix of the solo output, logprobs included."""
+    n = len(got[0])
+    assert got[0] == ref[0][:n], f"{what}: published tokens are not a prefix of the solo output"
+    assert got[1] == ref[1][:n], f"{what}: published logprobs are not the solo ones (bitwise)"
+
+
 def concurrently(fns):
     with ThreadPoolExecutor(max_workers=len(fns)) as pool:
         futures = [pool.submit(f) for f in fns]

@@ -23,18 +23,20 @@ import pytest
 import requests
 
 from conftest import VERIFY_BATCH
-from helpers import PROMPTS, assert_same, background_requests, concurrently, generate, llm42_stats
+from helpers import (
+    PROMPTS,
+    assert_prefix,
+    assert_same,
+    background_requests,
+    concurrently,
+    generate,
+    llm42_stats,
+)
 
 pytestmark = pytest.mark.server
 
 VICTIM_TOKENS = 24  # 3 windows (ignore_eos)
 
-
-
-def _assert_prefix(ref, got, what):
-    n = len(got[0])
-    assert got[0] == ref[0][:n], f"{what}: published tokens are not a prefix of the solo output"
-    assert got[1] == ref[1][:n], f"{what}: published logprobs are not the solo ones (bitwise)"
 
 
 def _sp(case, max_new_tokens, **extra):
@@ -215,7 +217,7 @@ def test_abort_storm_leaves_concurrent_deterministic_requests_bitwise_unchanged(
             completed.append(out)
         elif kind in ("chunks", "tokens", "delay"):
             ids, lps, meta = out
-            _assert_prefix(refs[key], out, f"{kind} victim {key}")
+            assert_prefix(refs[key], out, f"{kind} victim {key}")
             assert len(lps) == len(ids) == meta["completion_tokens"]
             if meta["finish_reason"]["type"] == "abort":
                 num_aborted += 1
@@ -286,7 +288,7 @@ def test_abort_every_queued_deterministic_request(llm42_server):
     outs = concurrently([lambda i=i: one(i) for i in range(8)] + [abort_all])[:-1]
     assert any(o[2]["finish_reason"]["type"] == "abort" for o in outs), "nothing was aborted"
     for o in outs:
-        _assert_prefix(ref, o, "queued victim")
+        assert_prefix(ref, o, "queued victim")
     _wait_idle(url)
     again = concurrently([lambda i=i: one(100 + i) for i in range(4)])
     for o in again:
