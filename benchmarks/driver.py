@@ -75,6 +75,10 @@ def server_configs(args) -> list[ServerConfig]:
                 meta = {"window_size": window, "verify_batch_size": args.verify_batch_size,
                         "skip_compare": False, "inject_mismatch_rate": 0.0}
                 ratios, label = _floats(args.det_ratios), f"llm42-w{window}"
+                if args.llm42_args:
+                    flags += shlex.split(args.llm42_args)
+                    meta["llm42_args"] = args.llm42_args
+                    label += "-" + _flag_label(args.llm42_args)
                 if name == "llm42-skip-compare":
                     flags.append("--llm42-skip-compare")
                     meta["skip_compare"] = True
@@ -94,6 +98,11 @@ def server_configs(args) -> list[ServerConfig]:
                     label += f"-inject{args.inject_mismatch_rate:g}"
                 out.append(ServerConfig(label, "llm42", flags, ratios, meta))
     return out
+
+
+def _flag_label(flags: str) -> str:
+    """`--llm42-max-verify-wait 64` -> `max-verify-wait64`: tells servers apart in tables."""
+    return re.sub(r"[^A-Za-z0-9.=-]+", "", flags.replace("--llm42-", "").replace(" ", ""))
 
 
 def _count_lines(path: Path) -> int:
@@ -277,6 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify-batch-size", type=int, default=8)
     p.add_argument("--inject-mismatch-rate", type=float, default=0.05)
     p.add_argument("--server-args", default="", help="given identically to every config")
+    p.add_argument("--llm42-args", default="",
+                   help="extra flags of every llm42 server, e.g. '--llm42-max-verify-wait 64' "
+                        "(recorded as llm42_args; appended to the server label)")
     p.add_argument("--workload", action="append", default=None,
                    help='bench_serving args of one workload, e.g. "--dataset-name random '
                         '--random-input-len 1024 --random-output-len 256"; repeatable '

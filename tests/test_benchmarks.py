@@ -316,7 +316,7 @@ def test_driver_configs_map_to_server_flags():
         configs="nondet,nondet-no-overlap,llm42,llm42-no-overlap,llm42-skip-compare,"
                 "llm42-batched-prefill",
         window_sizes="16", verify_batch_size=4, det_ratios="0.1,1.0", variant_ratios="1.0",
-        inject_mismatch_rate=0.05)
+        inject_mismatch_rate=0.05, llm42_args="")
     got = {c.label: (c.config, c.flags, c.ratios) for c in driver.server_configs(args)}
     llm42 = ["--enable-llm42", "--llm42-window-size", "16", "--llm42-verify-batch-size", "4"]
     assert got == {
@@ -329,6 +329,16 @@ def test_driver_configs_map_to_server_flags():
     }
     with pytest.raises(SystemExit, match="unknown config"):
         driver.server_configs(argparse.Namespace(**{**vars(args), "configs": "llm43"}))
+    # --llm42-args reach every llm42 server (not the baselines) and tell them apart in tables
+    extra = argparse.Namespace(**{**vars(args), "configs": "nondet,llm42-batched-prefill",
+                                  "llm42_args": "--llm42-max-verify-wait 64"})
+    got = {c.label: (c.flags, c.meta.get("llm42_args")) for c in driver.server_configs(extra)}
+    assert got == {
+        "nondet": ([], None),
+        "llm42-w16-max-verify-wait64-batched-prefill": (
+            llm42 + ["--llm42-max-verify-wait", "64", "--llm42-batched-prefill"],
+            "--llm42-max-verify-wait 64"),
+    }
 
 
 # -- GPU host helper ---------------------------------------------------------------------------
@@ -480,3 +490,20 @@ def test_driver_table_plots_and_commands(driver_run):
     (driver_run / "table.md").unlink()
     assert driver.main(["--report-only", "--out-dir", str(driver_run)]) == 0
     assert (driver_run / "table.md").read_text() == before
+
+
+def test_gguf_split_joins_back_under_its_checksum(tmp_path):
+    """The GGUF travels to the GPU host in pieces; the host joins them and checks the sha256."""
+    import hashlib
+
+    from benchmarks.gpu.prepare_assets import gguf_receive_command, split_file
+
+    src = tmp_path / "model.gguf"
+    src.write_bytes(bytes(range(256)) * 41 + b"tail")
+    pieces = split_file(src, tmp_path / "repo")
+    assert [p.parent.name for p in pieces] == [".gpu-gguf1", ".gpu-gguf2"]
+    joined = b"".join(p.read_bytes() for p in pieces)
+    assert joined == src.read_bytes()
+    sums = {(p.parent / "SHA256").read_text() for p in pieces}
+    assert sums == {f"{hashlib.sha256(joined).hexdigest()}  model.gguf\n"}
+    assert ".gpu-gguf2/*" in gguf_receive_command(2)

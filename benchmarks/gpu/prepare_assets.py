@@ -11,14 +11,23 @@ Writes, all well under the device's 64 MiB working-tree limit:
                            (truncated) ShareGPT file, in file order, so a seed samples the same
                            prompts as `--dataset-name sharegpt` does here, ~6 MB
   .gpu/GIT_COMMIT          this checkout's commit, recorded in the GPU results
+
+With --smollm2-gguf it also splits the embedded model's GGUF file (98 MB, over the limit) into
+.gpu-gguf1/ and .gpu-gguf2/ (send each in its own back-to-back device call that copies it to
+/tmp/llm42-gguf/, see `gguf_receive_command`) and puts the `accelerate` wheel, which
+transformers' GGUF loader needs and the bundle lacks, in .gpu/wheels-extra/; the suite then
+joins the parts, checks the sha256 and converts SmolLM2 with its real weights
+(SMOLLM2_WEIGHTS=real).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import lzma
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -64,11 +73,45 @@ def copy_smollm2(dst: Path) -> Path:
     return src
 
 
+GGUF_PARTS = 2
+GGUF_HOST_DIR = "/tmp/llm42-gguf"
+
+
+def split_file(src: Path, root: Path, parts: int = GGUF_PARTS) -> list[Path]:
+    """Write src in `parts` pieces as root/.gpu-gguf<i>/part<i> plus one sha256 of the whole."""
+    data, digest = src.read_bytes(), hashlib.sha256()
+    digest.update(data)
+    size = -(-len(data) // parts)
+    out = []
+    for i in range(parts):
+        folder = root / f".gpu-gguf{i + 1}"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        piece = folder / f"part{i + 1}"
+        piece.write_bytes(data[i * size:(i + 1) * size])
+        (folder / "SHA256").write_text(f"{digest.hexdigest()}  {src.name}\n")
+        out.append(piece)
+    return out
+
+
+def gguf_receive_command(part: int) -> str:
+    """The device command of the call that carries .gpu-gguf<part>/."""
+    return f"mkdir -p {GGUF_HOST_DIR} && cp .gpu-gguf{part}/* {GGUF_HOST_DIR}/ && ls -l {GGUF_HOST_DIR}"
+
+
+def download_accelerate(dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                    "--dest", str(dest), "accelerate==1.16.0"], check=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dest", default=str(env_info.REPO_ROOT / ".gpu"))
     p.add_argument("--bundle-src", default=str(DEFAULT_BUNDLE))
     p.add_argument("--skip", default="", help="comma list of bundle,smollm2,sharegpt")
+    p.add_argument("--smollm2-gguf", action="store_true",
+                   help="also split SmolLM2's GGUF into .gpu-gguf1/ and .gpu-gguf2/ (real weights)")
     args = p.parse_args(argv)
     dest, skip = Path(args.dest), set(args.skip.split(","))
     dest.mkdir(parents=True, exist_ok=True)
@@ -85,6 +128,14 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         n = export_sharegpt(src, dest / "data" / "sharegpt_first_turns.json.xz")
         print(f"sharegpt: {n} first-turn pairs -> {dest / 'data'}")
+    if args.smollm2_gguf:
+        from llm42.models import gguf_path
+
+        pieces = split_file(gguf_path(), dest.parent)
+        download_accelerate(dest / "wheels-extra")
+        for i, piece in enumerate(pieces, 1):
+            print(f"{piece} ({piece.stat().st_size / 2**20:.1f} MiB): device call with "
+                  f"carry [\"{piece.parent.name}\"], command: {gguf_receive_command(i)}")
     (dest / "GIT_COMMIT").write_text((env_info.git_commit() or "unknown") + "\n")
     total = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
     print(f"{dest}: {total / 2**20:.1f} MiB in all (device limit: 64 MiB with the tree)")

@@ -9,6 +9,7 @@
 #   setup                      install the SGLang bundle + llm42 (offline), write the checkpoints
 #   proof                      determinism proof, llama-3.2-1b shape with random-normal weights,
 #                              modes llm42 and control on one --enable-llm42 server
+#   proof-smollm2              the same proof on SmolLM2-135M-Instruct ($SMOLLM2_WEIGHTS)
 #   bench-WORKLOAD[-CONFIG]    driver run; WORKLOAD: sharegpt | arxiv | random1k (1024 in/256
 #                              out) | random4k (4096/1024) | mix (all of $WORKLOADS on each
 #                              server start); CONFIG: nondet | nondet-no-overlap | sglang-det | llm42 |
@@ -32,10 +33,13 @@
 #   PREFIX=/tmp/sgl PORT=30000 SUITE_BUDGET_S=540 MIN_CONFIG_S=180 STARTUP_TIMEOUT=400
 #   DET_RATIOS=0.02,0.1,0.5,1.0 VARIANT_RATIOS=0.1,1.0 WORKLOADS=sharegpt,arxiv,random1k WINDOW=64 VERIFY_BS=8 INJECT_RATE=0.05
 #   SHAREGPT_PROMPTS=2048 ARXIV_PROMPTS=256 RANDOM1K_PROMPTS=1024 RANDOM4K_PROMPTS=256
-#   SWEEP_WINDOWS=16,32,64,128 SWEEP_PROMPTS=1024 SMOLLM2_WEIGHTS=random|dummy
+#   SWEEP_WINDOWS=16,32,64,128 SWEEP_PROMPTS=1024 SMOLLM2_WEIGHTS=random|dummy|real (real: the GGUF
+#   parts in GGUF_DIR=/tmp/llm42-gguf, see prepare_assets --smollm2-gguf)
 #   ONLINE_RATE=24 ONLINE_PROMPTS=1024 ONLINE_RATIO=0.1 MAX_RUNNING=256
 #   PROOF_BACKGROUND=0,16,64,256 PROOF_REPEATS=2 PROOF_PROMPTS=4 PROOF_TOKENS=256
 #   PROOF_LLM42_ARGS="" (extra llm42 flags of the proof server, e.g. --llm42-batched-prefill)
+#   LLM42_ARGS="" (extra flags of every llm42 server of the driver steps, e.g.
+#   "--llm42-max-verify-wait 64"; they also name the server in the tables)
 #   COMMON_ARGS (server args for every config; see below) EXTRA_SERVER_ARGS=""
 set -uo pipefail
 
@@ -70,6 +74,7 @@ PROOF_REPEATS=${PROOF_REPEATS:-2}
 PROOF_PROMPTS=${PROOF_PROMPTS:-4}
 PROOF_TOKENS=${PROOF_TOKENS:-256}
 PROOF_LLM42_ARGS=${PROOF_LLM42_ARGS:-}
+LLM42_ARGS=${LLM42_ARGS:-}
 EXTRA_SERVER_ARGS=${EXTRA_SERVER_ARGS:-}
 # Identical for every configuration (README of the bundle: triton attention, no radix cache,
 # a cap on running requests so sglang-det does not run out of memory, no prefill graphs).
@@ -81,6 +86,7 @@ DATA=$RUN_DIR/data
 MODEL_8B=${MODEL_8B:-$PREFIX/assets/models/Llama-3.1-8B-Instruct-dummy}
 MODEL_1B=${MODEL_1B:-$MODELS/llama-3.2-1b-random}
 MODEL_SMOL=$MODELS/smollm2-135m-$SMOLLM2_WEIGHTS
+GGUF_DIR=${GGUF_DIR:-/tmp/llm42-gguf}
 SHAREGPT=$REPO/.gpu/data/sharegpt_first_turns.json.xz
 ARXIV=$DATA/arxiv_like.jsonl
 mkdir -p "$OUT" "$RUN_DIR"
@@ -126,11 +132,32 @@ model_1b() {
 
 model_smollm2() {
   [[ -f $MODEL_SMOL/config.json ]] && return 0
-  if [[ $SMOLLM2_WEIGHTS == dummy ]]; then
-    mkdir -p "$MODEL_SMOL" && cp "$REPO"/.gpu/smollm2/* "$MODEL_SMOL"/
-  else
-    log "writing $MODEL_SMOL (SmolLM2-135M shape, random-normal weights)"
-    env_python - "$REPO/.gpu/smollm2" "$MODEL_SMOL" <<'EOF'
+  case $SMOLLM2_WEIGHTS in
+    dummy) mkdir -p "$MODEL_SMOL" && cp "$REPO"/.gpu/smollm2/* "$MODEL_SMOL"/ ;;
+    real) smollm2_real ;;
+    *) smollm2_random ;;
+  esac
+}
+
+smollm2_real() {  # the GGUF arrived in parts in $GGUF_DIR (prepare_assets --smollm2-gguf)
+  local gguf=$GGUF_DIR/SmolLM2-135M-Instruct.Q4_1.gguf
+  log "joining $GGUF_DIR/part* and converting SmolLM2-135M-Instruct (real weights) to $MODEL_SMOL"
+  cat "$GGUF_DIR"/part1 "$GGUF_DIR"/part2 > "$gguf" || return 1
+  (cd "$GGUF_DIR" && sha256sum -c SHA256) || { log "GGUF checksum mismatch: resend the parts"; return 1; }
+  "$PYTHON" -m pip install -q --no-index --no-deps --target "$PREFIX/extra-site" \
+    "$REPO"/.gpu/wheels-extra/*.whl || return 1
+  PYTHONPATH="$PREFIX/extra-site:${PYTHONPATH:-}" env_python - "$gguf" "$MODEL_SMOL" <<'EOF'
+import sys
+from pathlib import Path
+from llm42.models.smollm2 import convert_gguf
+convert_gguf(Path(sys.argv[1]), Path(sys.argv[2]))
+print("converted", sys.argv[2])
+EOF
+}
+
+smollm2_random() {
+  log "writing $MODEL_SMOL (SmolLM2-135M shape, random-normal weights)"
+  env_python - "$REPO/.gpu/smollm2" "$MODEL_SMOL" <<'EOF'
 import json, sys
 from llm42.models import write_random_llama
 src, out = sys.argv[1], sys.argv[2]
@@ -142,7 +169,6 @@ over = {k: cfg[k] for k in keys if k in cfg}
 over["rope_theta"] = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 1e4))
 print(write_random_llama(out, preset="tiny", dtype="bfloat16", tokenizer_dir=src, overrides=over))
 EOF
-  fi
 }
 
 arxiv_data() {
@@ -172,7 +198,8 @@ driver() {  # $1 = step name, $2 = model, $3 = configs, $4 = ratios, then driver
     --configs "$configs" --det-ratios "$ratios" --variant-ratios "$VARIANT_RATIOS" \
     --verify-batch-size "$VERIFY_BS" --inject-mismatch-rate "$INJECT_RATE" \
     --server-args "$COMMON_ARGS $fmt --random-seed 7" --port "${PORT:-30000}" \
-    --startup-timeout "$STARTUP_TIMEOUT" --budget-s "$budget" --min-config-s "$MIN_CONFIG_S" "$@"
+    --startup-timeout "$STARTUP_TIMEOUT" --budget-s "$budget" --min-config-s "$MIN_CONFIG_S" \
+    --llm42-args "$LLM42_ARGS" "$@"
   local code=$?
   log "step $step: driver exit $code"
   return $code
@@ -204,22 +231,27 @@ bench_step() {  # bench-WORKLOAD[-CONFIG]; WORKLOAD "mix" = every workload of $W
     "${wl[@]}" --bench-args "--seed 1"
 }
 
+proof_step() {  # $1 = model folder, $2 = the function that writes it; $step from run_step
+  local model=$1
+  $2 || return 1
+  if (( $(remaining) < 240 )); then log "step $step: skipped, only $(remaining)s left"; return 1; fi
+  log "step $step: $model, background $PROOF_BACKGROUND x $PROOF_REPEATS repeats"
+  env_python -m benchmarks.determinism_proof --launch --model-path "$model" \
+    --server-args "$COMMON_ARGS --enable-llm42 --llm42-window-size $WINDOW --llm42-verify-batch-size $VERIFY_BS --random-seed 7 $PROOF_LLM42_ARGS" \
+    --mode both --background "$PROOF_BACKGROUND" --repeats "$PROOF_REPEATS" \
+    --num-prompts "$PROOF_PROMPTS" --max-new-tokens "$PROOF_TOKENS" \
+    --startup-timeout "$STARTUP_TIMEOUT" --out-dir "$RUN_DIR/$step"
+  local code=$?
+  log "step $step: exit $code (0: llm42 all identical and control diverged)"
+  return $code
+}
+
 run_step() {
   local step=$1
   case $step in
     setup) ;;
-    proof)
-      model_1b || return 1
-      if (( $(remaining) < 240 )); then log "step proof: skipped, only $(remaining)s left"; return 1; fi
-      log "step proof: background $PROOF_BACKGROUND x $PROOF_REPEATS repeats"
-      env_python -m benchmarks.determinism_proof --launch --model-path "$MODEL_1B" \
-        --server-args "$COMMON_ARGS --enable-llm42 --llm42-window-size $WINDOW --llm42-verify-batch-size $VERIFY_BS --random-seed 7 $PROOF_LLM42_ARGS" \
-        --mode both --background "$PROOF_BACKGROUND" --repeats "$PROOF_REPEATS" \
-        --num-prompts "$PROOF_PROMPTS" --max-new-tokens "$PROOF_TOKENS" \
-        --startup-timeout "$STARTUP_TIMEOUT" --out-dir "$RUN_DIR/proof"
-      local code=$?
-      log "step proof: exit $code (0: llm42 all identical and control diverged)"
-      return $code ;;
+    proof) proof_step "$MODEL_1B" model_1b ;;
+    proof-smollm2) proof_step "$MODEL_SMOL" model_smollm2 ;;
     bench-*) bench_step "$step" ;;
     smollm2-sweep)
       model_smollm2 || return 1
