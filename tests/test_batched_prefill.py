@@ -31,10 +31,8 @@ CASES = [
 LONG_PROMPT = " ".join(PROMPTS) * 2
 
 
-
 def _det(url, prompt, n=20, **case):
     return generate(url, prompt, det=True, max_new_tokens=n, **case)
-
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -59,6 +57,7 @@ def test_alone_concurrent_batched_identical(batched_server, case):
     # No deterministic prefill ran alone; prompt passes did, and rolled back now and then.
     assert after["steps_det_prefill"] == before["steps_det_prefill"], after
     assert after["verify_passes"] > before["verify_passes"]
+    assert after["prompt_rows"] >= before["prompt_rows"] + 3 * len(prompts), after
     assert after["injected_mismatches"] > before["injected_mismatches"], after
     wait_idle_and_healthy(batched_server)
 

@@ -11,6 +11,7 @@ from llm42.core import (
     VerifyPass,
     VerifyRow,
     build_row,
+    fill_spare_rows,
     plan_passes,
     select_rows,
 )
@@ -136,3 +137,18 @@ def test_select_rows(waits, urgent, batch_size, max_wait, expected) -> None:
 def test_select_rows_misuse_raises() -> None:
     with pytest.raises(InvariantError, match="2 waits but 1"):
         select_rows([0, 1], [False], 4, 3)
+
+
+@pytest.mark.parametrize(
+    "num_rows, batch_size, waits, urgent, expected",
+    [
+        (5, 4, [0, 3, 1, 7], [False, False, True, False], [2, 3, 1]),  # 3 spare: urgent, oldest
+        (8, 8, [9, 9], [True, True], []),  # the prompt rows fill their passes: none ride along
+        (9, 8, [0, 1], [False, False], [1, 0]),  # 7 spare, only 2 ready
+        (2, 4, [], [], []),
+    ],
+)
+def test_fill_spare_rows_uses_the_dummy_rows_of_prompt_passes(
+    num_rows, batch_size, waits, urgent, expected
+):
+    assert fill_spare_rows(num_rows, waits, urgent, batch_size) == expected

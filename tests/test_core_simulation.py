@@ -23,6 +23,7 @@ from llm42.core import (
     build_prompt_rows,
     build_row,
     decide,
+    fill_spare_rows,
     plan_passes,
     select_rows,
 )
@@ -136,11 +137,13 @@ def simulate(
         waiting = [r for r in active if r.state.is_ready and not r.state.is_prompt_pending]
         for r in waiting:
             ready_since.setdefault(r.state.rid, step)
-        chosen = select_rows(
-            [step - ready_since[r.state.rid] for r in waiting],
-            [r.state.is_finishing for r in waiting], batch_size, max_wait,
-        )
-        ready = prompts or [waiting[i] for i in chosen]
+        waits = [step - ready_since[r.state.rid] for r in waiting]
+        urgent = [r.state.is_finishing for r in waiting]
+        chosen = select_rows(waits, urgent, batch_size, max_wait)
+        if prompts:  # prompt passes first; ready windows ride in their dummy rows
+            num_prompt_rows = sum(len(build_prompt_rows(r.state, PROMPT)) for r in prompts)
+            chosen = fill_spare_rows(num_prompt_rows, waits, urgent, batch_size)
+        ready = prompts + [waiting[i] for i in chosen]
         for r in ready:
             ready_since.pop(r.state.rid, None)
         for request in active:
@@ -164,7 +167,8 @@ def simulate(
                 request.output_ids[:] = candidate_ids
             injected[request.state.rid] = (candidate_ids, None if index is None else u + index)
         rows = [row for r in ready for row in (
-            build_prompt_rows(r.state, PROMPT) if prompts else [build_row(r.state, r.output_ids)])]
+            build_prompt_rows(r.state, PROMPT) if r in prompts
+            else [build_row(r.state, r.output_ids)])]
         for verify_pass in plan_passes(rows, batch_size, window_size):
             stats.observe_pass(verify_pass.num_real_rows, verify_pass.num_pad_rows, 0.0)
             verifier_rows = fake_verifier(verify_pass, requests)

@@ -12,6 +12,7 @@ from llm42.core import Llm42Config, Llm42Stats, VerifyDecision
 SNAPSHOT_KEYS = {
     "verify_passes",
     "verify_rows",
+    "prompt_rows",
     "padded_rows",
     "verified_tokens",
     "rollbacks",
@@ -58,7 +59,7 @@ def test_snapshot_keys_and_zero_state() -> None:
 def test_stats_arithmetic() -> None:
     stats = Llm42Stats()
     stats.observe_pass(num_real_rows=3, num_pad_rows=5, seconds=0.25)
-    stats.observe_pass(num_real_rows=8, num_pad_rows=0, seconds=0.5)
+    stats.observe_pass(num_real_rows=8, num_pad_rows=0, seconds=0.5, num_prompt_rows=6)
     stats.observe_decision(ACCEPT)  # commits 4
     stats.observe_decision(ROLLBACK)  # commits 1 accepted + 1 corrected, drops 5
     stats.observe_finished()
@@ -71,6 +72,7 @@ def test_stats_arithmetic() -> None:
     expected = {
         "verify_passes": 2,
         "verify_rows": 11,
+        "prompt_rows": 6,
         "padded_rows": 5,
         "verified_tokens": 6,
         "rollbacks": 1,

@@ -15,6 +15,7 @@ from llm42.core.planner import (
     build_prompt_rows,
     build_row,
     plan_passes,
+    fill_spare_rows,
     select_rows,
 )
 from llm42.core.stats import Llm42Stats
@@ -34,5 +35,6 @@ __all__ = [
     "build_row",
     "decide",
     "plan_passes",
+    "fill_spare_rows",
     "select_rows",
 ]

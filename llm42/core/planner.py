@@ -34,6 +34,7 @@ class VerifyRow:
     num_real: int
     is_pad: bool = False
     sample_from: int = 0  # entries [sample_from, num_real) predict a token that is compared
+    is_prompt: bool = False  # replays prompt tokens (build_prompt_rows), not a decode window
 
     def __post_init__(self) -> None:
         window_size = len(self.input_ids)
@@ -118,6 +119,7 @@ def build_prompt_rows(state: DetRequestState, prompt_ids: Sequence[int]) -> list
             prefix_len=start,
             num_real=len(real),
             sample_from=len(real) - 1 if is_last else len(real),
+            is_prompt=True,
         ))
     return rows
 
@@ -152,6 +154,10 @@ class VerifyPass:
         return self.batch_size - self.num_real_rows
 
     @property
+    def num_prompt_rows(self) -> int:
+        return sum(1 for row in self.rows if row.is_prompt)
+
+    @property
     def flat_input_ids(self) -> list[int]:
         """[B * W] row-major input ids."""
         return [token_id for row in self.rows for token_id in row.input_ids]
@@ -179,6 +185,15 @@ def select_rows(
     num_due = sum(1 for i in order if urgent[i] or waits[i] >= max_wait)
     num_passes = max(-(-num_due // batch_size), len(order) // batch_size)
     return order[: num_passes * batch_size]
+
+
+def fill_spare_rows(
+    num_rows: int, waits: Sequence[int], urgent: Sequence[bool], batch_size: int
+) -> list[int]:
+    """Ready windows (indices into ``waits``, most pressing first) that fill the dummy rows of
+    the last pass of ``num_rows`` other rows (prompt rows): the pass costs the same with them,
+    and verifying a window before it is due changes no decision, only when it is made."""
+    return select_rows(waits, urgent, batch_size, max_wait=0)[: -num_rows % batch_size]
 
 
 def plan_passes(rows: Sequence[VerifyRow], batch_size: int, window_size: int) -> list[VerifyPass]:

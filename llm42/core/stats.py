@@ -20,6 +20,7 @@ STEP_KINDS = ("decode", "prefill", "det_prefill")
 class Llm42Stats:
     verify_passes: int = 0
     verify_rows: int = 0  # real rows only
+    prompt_rows: int = 0  # of those, rows replaying a prompt (--llm42-batched-prefill)
     padded_rows: int = 0
     verified_tokens: int = 0  # committed through verification: accepted + corrected tokens
     rollbacks: int = 0
@@ -35,9 +36,11 @@ class Llm42Stats:
     steps: dict = field(default_factory=lambda: dict.fromkeys(STEP_KINDS, 0))
     step_time_s: dict = field(default_factory=lambda: dict.fromkeys(STEP_KINDS, 0.0))
 
-    def observe_pass(self, num_real_rows: int, num_pad_rows: int, seconds: float) -> None:
+    def observe_pass(self, num_real_rows: int, num_pad_rows: int, seconds: float,
+                     num_prompt_rows: int = 0) -> None:
         self.verify_passes += 1
         self.verify_rows += num_real_rows
+        self.prompt_rows += num_prompt_rows
         self.padded_rows += num_pad_rows
         self.verify_time_s += seconds
 
@@ -73,6 +76,7 @@ class Llm42Stats:
         return {
             "verify_passes": self.verify_passes,
             "verify_rows": self.verify_rows,
+            "prompt_rows": self.prompt_rows,
             "padded_rows": self.padded_rows,
             "verified_tokens": self.verified_tokens,
             "rollbacks": self.rollbacks,

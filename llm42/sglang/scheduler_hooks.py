@@ -26,7 +26,13 @@ import random
 import time
 
 from llm42.core.decision import decide
-from llm42.core.planner import build_prompt_rows, build_row, plan_passes, select_rows
+from llm42.core.planner import (
+    build_prompt_rows,
+    build_row,
+    fill_spare_rows,
+    plan_passes,
+    select_rows,
+)
 from llm42.core.window import DetRequestState
 from llm42.sglang import kv_rollback, prefill_faults, runtime, verifier
 from llm42.sglang.request_fields import is_deterministic_params
@@ -353,11 +359,9 @@ def _verify_due(rt, scheduler, batch) -> None:
         for req in ready:
             if req._llm42_ready_at is None:
                 req._llm42_ready_at = rt.decode_step
-        chosen = select_rows(
-            [rt.decode_step - req._llm42_ready_at for req in ready],
-            [det_state(req).is_finishing for req in ready],
-            cfg.verify_batch_size, cfg.verify_wait_steps,
-        )
+        waits = [rt.decode_step - req._llm42_ready_at for req in ready]
+        urgent = [det_state(req).is_finishing for req in ready]
+        chosen = select_rows(waits, urgent, cfg.verify_batch_size, cfg.verify_wait_steps)
         if not chosen and not prompts:
             break
         if not drained:
@@ -366,8 +370,11 @@ def _verify_due(rt, scheduler, batch) -> None:
                 continue  # the in-flight result changed the candidates: choose again
         if prompts:  # first: every later window of theirs reads the prompt's KV
             jobs = [(r, build_prompt_rows(det_state(r), r.origin_input_ids)) for r in prompts]
+            chosen = fill_spare_rows(sum(len(rows) for _, rows in jobs), waits, urgent,
+                                     cfg.verify_batch_size)
         else:
-            jobs = [(r, [build_row(det_state(r), r.output_ids)]) for r in (ready[i] for i in chosen)]
+            jobs = []
+        jobs += [(r, [build_row(det_state(r), r.output_ids)]) for r in (ready[i] for i in chosen)]
         _verify(rt, scheduler, batch, jobs)
         for req, _ in jobs:
             req._llm42_ready_at = None
@@ -405,7 +412,8 @@ def _verify(rt, scheduler, batch, jobs) -> None:
         start += vpass.num_real_rows
         row_reqs = [req for req, _ in mine] + [None] * vpass.num_pad_rows
         results, seconds = verifier.run_pass(scheduler, batch, vpass, row_reqs)
-        rt.stats.observe_pass(vpass.num_real_rows, vpass.num_pad_rows, seconds)
+        rt.stats.observe_pass(vpass.num_real_rows, vpass.num_pad_rows, seconds,
+                              vpass.num_prompt_rows)
         if rt.metrics is not None:
             rt.metrics.observe_pass(vpass.num_real_rows, vpass.num_pad_rows, seconds)
         for (req, decides), res in zip(mine, results):
