@@ -11,6 +11,7 @@ import requests
 WINDOW = 8
 VERIFY_BATCH = 4
 CONTEXT = 1024
+CHUNK = 32  # --chunked-prefill-size of batched_server
 
 
 @pytest.fixture(scope="session")
@@ -67,8 +68,10 @@ def inject_server(tiny_model, tmp_path_factory):
 def batched_server(tiny_model, tmp_path_factory):
     """Deterministic prefills join normal prefill batches; their prompts are verified after
     (`--llm42-batched-prefill`). Every such fast-path prefill is perturbed (random KV noise and
-    o_0, `llm42.sglang.prefill_faults`), and a fifth of all windows get a forced mismatch."""
-    args = _llm42_args(rate=0.2) + ["--llm42-batched-prefill"]
+    o_0, `llm42.sglang.prefill_faults`), and a fifth of all windows get a forced mismatch.
+    Prompts longer than CHUNK tokens prefill in chunks (alone or batched)."""
+    args = _llm42_args(rate=0.2) + ["--llm42-batched-prefill",
+                                    "--chunked-prefill-size", str(CHUNK)]
     server = _start(tiny_model, args, "batched", tmp_path_factory,
                     env={"LLM42_TEST_PERTURB_PREFILL": "1"})
     yield server
@@ -106,7 +109,7 @@ def wait_idle_and_healthy(server, timeout: float = 60.0) -> None:
 @pytest.fixture(autouse=True)
 def _servers_stay_clean(request):
     yield
-    for name in ("llm42_server", "inject_server", "plain_server"):
+    for name in ("llm42_server", "inject_server", "batched_server", "plain_server"):
         if name in request.fixturenames:
             wait_idle_and_healthy(request.getfixturevalue(name))
 

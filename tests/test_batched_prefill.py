@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from conftest import VERIFY_BATCH, WINDOW, wait_idle_and_healthy
+from conftest import CHUNK, VERIFY_BATCH, WINDOW, wait_idle_and_healthy
 from helpers import (
     PROMPTS,
     assert_prefix,
@@ -85,6 +85,27 @@ def test_prompt_logprob_requests_still_prefill_alone(batched_server):
     assert_same(ref, got, "with prompt logprobs")
     assert ref[2]["input_token_logprobs"] == got[2]["input_token_logprobs"]
     assert llm42_stats(url)["steps_det_prefill"] >= before + 2
+
+
+def test_prompts_longer_than_a_prefill_chunk(batched_server):
+    """A prompt of several --chunked-prefill-size chunks, prefilled in batches (prompt pass
+    after) or alone (it asks for prompt logprobs). Each chunk must start where the last one
+    ended although deterministic KV never enters the prefix cache: the first chunk once ran
+    again and again until the KV pool was full."""
+    url = batched_server.url
+    tokens = requests.post(url + "/generate", json={
+        "text": LONG_PROMPT, "sampling_params": {"max_new_tokens": 1}}, timeout=60,
+    ).json()["meta_info"]["prompt_tokens"]
+    assert tokens > 2 * CHUNK, tokens
+    for extra in (None, {"logprob_start_len": 0}):
+        ref = generate(url, LONG_PROMPT, det=True, max_new_tokens=12, extra=extra)
+        got = concurrently([lambda e=extra: generate(url, LONG_PROMPT, det=True,
+                                                     max_new_tokens=12, extra=e)]
+                           + background_requests(url, 8))[0]
+        assert_same(ref, got, f"chunked prompt, extra={extra}")
+        if extra:
+            assert len(ref[2]["input_token_logprobs"]) == tokens
+            assert ref[2]["input_token_logprobs"] == got[2]["input_token_logprobs"]
 
 
 def test_abort_all_mid_prompt_pass_leaks_nothing(batched_server):

@@ -25,6 +25,8 @@ import logging
 import random
 import time
 
+import torch
+
 from llm42.core.decision import decide
 from llm42.core.planner import (
     build_prompt_rows,
@@ -241,6 +243,20 @@ def prefill_batch_hook(original, scheduler, *args, **kwargs):
         merged = [r for r in queue if id(r) in keep]
         merged += [r for r in left if id(r) not in queued]  # e.g. retracted by the original
         scheduler.waiting_queue = merged
+
+
+def stash_chunked_hook(original, scheduler, req):
+    """AROUND Scheduler.stash_chunked_request: after a prefill chunk, a deterministic request's
+    next chunk starts where this one ended.
+
+    SGLang advances `prefix_indices` while caching the chunk in the prefix tree, which
+    `skip_radix_cache_insert` turns off for deterministic requests (their KV is rewritten by
+    verification and rolled back); without this their first chunk would run again and again.
+    The KV stays the request's own: nothing enters the tree, as with SGLang's ChunkCache."""
+    if det_state(req) is None:
+        return original(scheduler, req)
+    row = scheduler.req_to_token_pool.req_to_token[req.req_pool_idx, : req.extend_range.end]
+    req.prefix_indices = row.to(dtype=torch.int64, copy=True)
 
 
 def _prefills_alone(rt, req) -> bool:
