@@ -257,7 +257,7 @@ run_step() {
       model_smollm2 || return 1
       driver "$step" "$MODEL_SMOL" nondet,llm42 1.0 --window-sizes "$SWEEP_WINDOWS" \
         --workload "--dataset-name sharegpt --dataset-path $SHAREGPT" \
-        --bench-args "--seed 1 --num-prompts $SWEEP_PROMPTS" ;;
+        --bench-args "--seed 1 --num-prompts $SWEEP_PROMPTS --context-len 8192" ;;
     online)
       driver "$step" "$MODEL_8B" "${ONLINE_CONFIGS:-nondet,sglang-det,llm42}" "$ONLINE_RATIO" --window-sizes "$WINDOW" \
         --workload "--dataset-name sharegpt --dataset-path $SHAREGPT --request-rate $ONLINE_RATE" \
