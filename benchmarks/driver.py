@@ -144,7 +144,8 @@ def _opts(argv: list[str]) -> dict[str, str]:
 def failure_reason(log_text: str, fallback: str) -> str:
     """The last error-looking line of a server log (SGLang's refusal), else `fallback`."""
     lines = [ln.strip() for ln in log_text.splitlines() if _ERROR_LINE.search(ln)]
-    lines = [ln for ln in lines if not ln.startswith(("Traceback", "File "))]
+    lines = [ln for ln in lines if not ln.startswith(("Traceback", "File "))
+             and "Ignore import error" not in ln]  # SGLang logs these at every start
     return (lines[-1] if lines else fallback)[:500]
 
 
@@ -236,7 +237,7 @@ class Driver:
                            shlex.join(argv), [wl])
 
     def run_config(self, cfg: ServerConfig) -> None:
-        from llm42.server_process import SGLangServer, SGLangServerError
+        from llm42.server_process import SGLangServer, SGLangServerError, SGLangServerTimeout
 
         flags = self.server_args + cfg.flags
         if self.time_left() < self.args.min_config_s:
@@ -251,8 +252,10 @@ class Driver:
         try:
             server.start()
         except SGLangServerError as exc:
-            self.skip_rows(cfg, "server did not start: " + failure_reason(
-                server.log_text(), str(exc).splitlines()[0]), shlex.join(server.args))
+            first = str(exc).splitlines()[0]
+            reason = first if isinstance(exc, SGLangServerTimeout) else failure_reason(
+                server.log_text(), first)
+            self.skip_rows(cfg, "server did not start: " + reason, shlex.join(server.args))
             return
         print(f"[driver] {cfg.label}: server up in {time.monotonic() - t0:.1f} s", flush=True)
         try:

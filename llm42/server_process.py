@@ -63,6 +63,10 @@ class SGLangServerError(RuntimeError):
     """The server did not come up (the message ends with the tail of its log)."""
 
 
+class SGLangServerTimeout(SGLangServerError):
+    """Still starting when `startup_timeout` ran out (so its log holds no reason)."""
+
+
 class SGLangServer:
     """A ``sglang.launch_server`` subprocess; a context manager that starts and stops it."""
 
@@ -224,7 +228,7 @@ class SGLangServer:
             except requests.RequestException:
                 pass
             if time.monotonic() > deadline:
-                raise SGLangServerError(
+                raise SGLangServerTimeout(
                     f"sglang.launch_server not healthy after {self.startup_timeout:.0f} s "
                     f"({self.url}/health); log {self._log_path}:\n{self._log_tail()}"
                 )

@@ -410,6 +410,36 @@ def test_driver_runs_every_workload_on_each_server_start(tmp_path, monkeypatch):
         assert sum("0.800x" in ln for ln in rows) == 1, "llm42 normalised to its workload's nondet"
 
 
+def test_driver_names_a_startup_timeout_not_a_log_line(tmp_path, monkeypatch):
+    """A server still starting when its time ran out: the row says so, instead of quoting an
+    'error' line that SGLang logs at every start."""
+    from benchmarks import driver
+    from llm42 import server_process
+
+    class SlowServer:
+        def __init__(self, model_path, flags, **kwargs):
+            self.args = [sys.executable, "-m", "sglang.launch_server", *flags]
+
+        def start(self):
+            raise server_process.SGLangServerTimeout(
+                "sglang.launch_server not healthy after 40 s (http://x/health); log y:\ntail")
+
+        def stop(self):
+            pass
+
+        def log_text(self):
+            return "Ignore import error when loading sglang.srt.models.inkling: No module named x"
+
+    monkeypatch.setattr(server_process, "SGLangServer", SlowServer)
+    assert driver.main(["--model-path", "m", "--out-dir", str(tmp_path), "--configs", "llm42",
+                        "--det-ratios", "1.0", "--window-sizes", "16"]) == 0
+    [row] = _results(tmp_path)
+    assert row["skipped"] and row["skip_reason"] == (
+        "server did not start: sglang.launch_server not healthy after 40 s (http://x/health); "
+        "log y:"), row["skip_reason"]
+    assert driver.failure_reason(SlowServer("m", []).log_text(), "fallback") == "fallback"
+
+
 # -- real driver run ---------------------------------------------------------------------------
 SMOKE_PROMPTS = 6
 

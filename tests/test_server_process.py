@@ -15,7 +15,12 @@ from pathlib import Path
 import pytest
 
 from helpers import is_gone
-from llm42.server_process import SGLangServer, SGLangServerError, cpu_server_env
+from llm42.server_process import (
+    SGLangServer,
+    SGLangServerError,
+    SGLangServerTimeout,
+    cpu_server_env,
+)
 
 
 def fake_server(tmp_path: Path, script: str, **kwargs) -> SGLangServer:
@@ -69,7 +74,7 @@ def test_startup_timeout_stops_the_process_group(tmp_path):
     )
     server = fake_server(tmp_path, script, startup_timeout=3)
     server.stop_grace_s = 2.0
-    with pytest.raises(SGLangServerError, match="not healthy after 3 s"):
+    with pytest.raises(SGLangServerTimeout, match="not healthy after 3 s"):
         server.start()
     child_pid = int(server.log_text().split()[1])
     assert is_gone(child_pid), "a SIGTERM-ignoring child must be SIGKILLed by stop()"
