@@ -69,8 +69,9 @@ def batched_server(tiny_model, tmp_path_factory):
     """Deterministic prefills join normal prefill batches; their prompts are verified after
     (`--llm42-batched-prefill`). Every such fast-path prefill is perturbed (random KV noise and
     o_0, `llm42.sglang.prefill_faults`), and a fifth of all windows get a forced mismatch.
-    Prompts longer than CHUNK tokens prefill in chunks (alone or batched)."""
-    args = _llm42_args(rate=0.2) + ["--llm42-batched-prefill",
+    Prompts longer than CHUNK tokens prefill in chunks (alone or batched); deterministic
+    requests share verified prompt rows through the radix cache (`--llm42-prefix-cache`)."""
+    args = _llm42_args(rate=0.2) + ["--llm42-batched-prefill", "--llm42-prefix-cache",
                                     "--chunked-prefill-size", str(CHUNK)]
     server = _start(tiny_model, args, "batched", tmp_path_factory,
                     env={"LLM42_TEST_PERTURB_PREFILL": "1"})

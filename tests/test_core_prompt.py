@@ -86,3 +86,24 @@ def test_prompt_rows_misuse_raises():
     solo.on_first_token()
     with pytest.raises(InvariantError, match="no prompt pass pending"):
         build_prompt_rows(solo, PROMPT)
+
+
+def test_cached_prompt_rows_are_skipped_and_checked():
+    """Prefix-cache hit of 8 tokens (two rows of W = 4): only the row over [8, 10) is replayed,
+    with the same prefix, positions and inputs as the third row of a cold pass."""
+    cold = build_prompt_rows(prompt_state(4), PROMPT)
+    state = DetRequestState(rid="r", window_size=4, num_prompt_tokens=len(PROMPT),
+                            verify_prompt=True)
+    state.use_cached_prompt(8)
+    state.on_first_token()
+    warm = build_prompt_rows(state, PROMPT)
+    assert [(r.input_ids, r.prefix_len, r.positions, r.sample_from) for r in warm] == [
+        (r.input_ids, r.prefix_len, r.positions, r.sample_from) for r in cold[2:]]
+    for bad in (6, 12):  # not a multiple of W; not below P
+        with pytest.raises(InvariantError, match="multiple of W below P"):
+            DetRequestState(rid="r", window_size=4, num_prompt_tokens=10, verify_prompt=True,
+                            ).use_cached_prompt(bad)
+    with pytest.raises(InvariantError, match="before a verified prefill"):
+        DetRequestState(rid="r", window_size=4, num_prompt_tokens=10).use_cached_prompt(4)
+    state.restart()
+    assert state.num_cached_prompt_tokens == 0  # matched afresh by the next prefill

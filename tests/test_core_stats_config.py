@@ -13,6 +13,7 @@ SNAPSHOT_KEYS = {
     "verify_passes",
     "verify_rows",
     "prompt_rows",
+    "cached_prompt_tokens",
     "padded_rows",
     "verified_tokens",
     "rollbacks",
@@ -63,6 +64,7 @@ def test_stats_arithmetic() -> None:
     stats.observe_decision(ACCEPT)  # commits 4
     stats.observe_decision(ROLLBACK)  # commits 1 accepted + 1 corrected, drops 5
     stats.observe_finished()
+    stats.observe_cached_prompt(128)
     stats.observe_restart()
     stats.observe_early_result()
     stats.observe_step("decode", 0.125)
@@ -73,6 +75,7 @@ def test_stats_arithmetic() -> None:
         "verify_passes": 2,
         "verify_rows": 11,
         "prompt_rows": 6,
+        "cached_prompt_tokens": 128,
         "padded_rows": 5,
         "verified_tokens": 6,
         "rollbacks": 1,

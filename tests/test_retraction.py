@@ -27,10 +27,12 @@ CASES = [dict(temperature=0.0), dict(temperature=0.8, seed=321)]
 @pytest.fixture(scope="module", params=["solo-prefill", "batched-prefill"])
 def pressure_server(request, tiny_model, tmp_path_factory):
     """Solo deterministic prefills, or batched ones whose prompt passes are redone after a
-    restart (`--llm42-batched-prefill`)."""
+    restart (`--llm42-batched-prefill`), over prompt rows shared through the radix cache
+    (`--llm42-prefix-cache`: a restarted request matches rows it published itself)."""
     from llm42.server_process import SGLangServer
 
-    extra = ["--llm42-batched-prefill"] if request.param == "batched-prefill" else []
+    extra = (["--llm42-batched-prefill", "--llm42-prefix-cache"]
+             if request.param == "batched-prefill" else [])
     server = SGLangServer(
         tiny_model, _llm42_args(rate=0.2) + ["--max-total-tokens", str(KV_TOKENS)] + extra,
         env={"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": str(RETRACT_EVERY)},

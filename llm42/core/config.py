@@ -20,6 +20,7 @@ class Llm42Config:
     seed: int = 0  # seeds the mismatch injector
     max_verify_wait: int | None = None  # --llm42-max-verify-wait; None: W // 4
     batched_prefill: bool = False  # --llm42-batched-prefill
+    prefix_cache: bool = False  # --llm42-prefix-cache
 
     @property
     def verify_wait_steps(self) -> int:
@@ -46,6 +47,11 @@ class Llm42Config:
             raise ValueError(
                 f"--llm42-max-verify-wait must be in [0, window size), got "
                 f"{self.max_verify_wait} with --llm42-window-size {self.window_size}"
+            )
+        if self.prefix_cache and not self.batched_prefill:
+            raise ValueError(
+                "--llm42-prefix-cache shares prompt KV written by prompt passes: pass "
+                "--llm42-batched-prefill too"
             )
         if not 0.0 <= self.inject_mismatch_rate <= 1.0:  # also rejects NaN
             raise ValueError(

@@ -100,7 +100,9 @@ def build_prompt_rows(state: DetRequestState, prompt_ids: Sequence[int]) -> list
 
     Row j reads the KV that rows before it write in the same pass (every layer writes its KV
     before attending) or in an earlier pass, so the prompt's KV and o_0, predicted by the last
-    real entry, depend on the prompt alone, whatever the fast-path prefill batch looked like."""
+    real entry, depend on the prompt alone, whatever the fast-path prefill batch looked like.
+    Rows of ``num_cached_prompt_tokens`` are skipped: earlier prompt passes of another request
+    with the same leading rows wrote that KV, bit for bit what these rows would write."""
     num_prompt, window = state.num_prompt_tokens, state.window_size
     if not state.is_prompt_pending or state.num_output_tokens == 0:
         raise InvariantError(f"{state.rid}: no prompt pass pending")
@@ -109,7 +111,7 @@ def build_prompt_rows(state: DetRequestState, prompt_ids: Sequence[int]) -> list
             f"{state.rid}: state has {num_prompt} prompt tokens, list has {len(prompt_ids)}"
         )
     rows = []
-    for start in range(0, num_prompt, window):
+    for start in range(state.num_cached_prompt_tokens, num_prompt, window):
         real = tuple(prompt_ids[start : start + window])
         is_last = start + window >= num_prompt
         rows.append(VerifyRow(

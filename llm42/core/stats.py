@@ -21,6 +21,7 @@ class Llm42Stats:
     verify_passes: int = 0
     verify_rows: int = 0  # real rows only
     prompt_rows: int = 0  # of those, rows replaying a prompt (--llm42-batched-prefill)
+    cached_prompt_tokens: int = 0  # prompt tokens whose verified KV came from the prefix cache
     padded_rows: int = 0
     verified_tokens: int = 0  # committed through verification: accepted + corrected tokens
     rollbacks: int = 0
@@ -53,6 +54,9 @@ class Llm42Stats:
         if decision.injected:
             self.injected_mismatches += 1
 
+    def observe_cached_prompt(self, num_tokens: int) -> None:
+        self.cached_prompt_tokens += num_tokens
+
     def observe_finished(self) -> None:
         self.det_requests_finished += 1
 
@@ -77,6 +81,7 @@ class Llm42Stats:
             "verify_passes": self.verify_passes,
             "verify_rows": self.verify_rows,
             "prompt_rows": self.prompt_rows,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
             "padded_rows": self.padded_rows,
             "verified_tokens": self.verified_tokens,
             "rollbacks": self.rollbacks,

@@ -60,6 +60,9 @@ class DetRequestState:
     num_restarts: int = 0
     is_finishing: bool = False
     verify_prompt: bool = False  # prompt KV and o_0 come from the fast path: verify them first
+    # Leading prompt tokens whose KV came from the prefix cache, written there by earlier prompt
+    # passes (a multiple of W, below P): the prompt pass starts after them.
+    num_cached_prompt_tokens: int = 0
 
     def __post_init__(self) -> None:
         self._check_invariants()
@@ -212,6 +215,14 @@ class DetRequestState:
         self._check_invariants()
         return num_dropped
 
+    def use_cached_prompt(self, num_tokens: int) -> None:
+        """The prefill matched `num_tokens` prompt tokens of verified KV (``verify_prompt`` only):
+        full prompt rows [0, num_tokens) are not replayed."""
+        if num_tokens and not (self.verify_prompt and self.num_output_tokens == 0):
+            raise InvariantError(f"{self.rid}: cached prompt KV only before a verified prefill")
+        self.num_cached_prompt_tokens = num_tokens
+        self._check_invariants()
+
     def restart(self) -> int:
         """Retraction: forget every output token, verified ones too; return how many were dropped.
 
@@ -226,6 +237,7 @@ class DetRequestState:
         self.num_verified_tokens = 0
         self.is_finishing = False
         self.num_restarts += 1
+        self.num_cached_prompt_tokens = 0  # the next prefill matches the cache afresh
         self._check_invariants()
         return num_dropped
 
@@ -241,6 +253,12 @@ class DetRequestState:
             )
         if not 0 <= u <= n:
             raise InvariantError(f"{self.rid}: expected 0 <= verified <= output, found {u}, {n}")
+        cached = self.num_cached_prompt_tokens
+        if cached and (cached % self.window_size or cached >= self.num_prompt_tokens):
+            raise InvariantError(
+                f"{self.rid}: cached prompt tokens must be a multiple of W below P, found "
+                f"{cached} with W={self.window_size}, P={self.num_prompt_tokens}"
+            )
         if (u == 0) != (n == 0) and not self.verify_prompt:
             raise InvariantError(
                 f"{self.rid}: o_0 is verified as soon as it exists, found verified={u}, output={n}"

@@ -19,14 +19,15 @@ def enabled() -> bool:
     return os.environ.get(ENV, "") not in ("", "0")
 
 
-def perturb(scheduler, req) -> None:
-    """Noise on the prompt KV slots of `req` and a random candidate o_0 (also the next input)."""
+def perturb(scheduler, req, start: int = 0) -> None:
+    """Noise on the prompt KV slots [start, P) of `req` (what its prefill wrote: a prefix-cache
+    hit's shared KV stays as verified) and a random candidate o_0 (also the next input)."""
     import torch
 
     rng = random.Random()
     kv = scheduler.token_to_kv_pool_allocator.get_kvcache()
     prompt_len = len(req.origin_input_ids)
-    slots = scheduler.req_to_token_pool.req_to_token[req.req_pool_idx, :prompt_len].long()
+    slots = scheduler.req_to_token_pool.req_to_token[req.req_pool_idx, start:prompt_len].long()
     gen = torch.Generator(device="cpu").manual_seed(rng.getrandbits(63))
     for layer in range(kv.start_layer, kv.start_layer + kv.layer_num):
         for buf in kv.get_kv_buffer(layer):

@@ -36,7 +36,7 @@ from llm42.core.planner import (
     select_rows,
 )
 from llm42.core.window import DetRequestState
-from llm42.sglang import kv_rollback, prefill_faults, runtime, verifier
+from llm42.sglang import kv_rollback, prefill_faults, prefix_cache, runtime, verifier
 from llm42.sglang.request_fields import is_deterministic_params
 
 logger = logging.getLogger(__name__)
@@ -182,7 +182,7 @@ def _sync_new_tokens(state: DetRequestState, req) -> None:
         state.on_first_token()  # verified: solo prefill; a candidate: prompt pass pending
         num_new -= 1
         if state.verify_prompt and prefill_faults.enabled():
-            prefill_faults.perturb(runtime.RUNTIME.scheduler, req)
+            prefill_faults.perturb(runtime.RUNTIME.scheduler, req, state.num_cached_prompt_tokens)
     if num_new:
         state.append_candidates(num_new)
 
@@ -271,6 +271,8 @@ def _prefills_alone(rt, req) -> bool:
         wants_prompt_logprobs = req.return_logprob and 0 <= req.logprob_start_len < len(
             req.origin_input_ids)
         state.verify_prompt = rt.config.batched_prefill and not wants_prompt_logprobs
+        if state.verify_prompt and rt.config.prefix_cache:
+            req.extra_key = prefix_cache.namespace(rt.config)  # its prompt KV will be verified
     return not state.verify_prompt
 
 
@@ -386,6 +388,8 @@ def _verify_due(rt, scheduler, batch) -> None:
                 continue  # the in-flight result changed the candidates: choose again
         if prompts:  # first: every later window of theirs reads the prompt's KV
             jobs = [(r, build_prompt_rows(det_state(r), r.origin_input_ids)) for r in prompts]
+            for r in prompts:
+                rt.stats.observe_cached_prompt(det_state(r).num_cached_prompt_tokens)
             chosen = fill_spare_rows(sum(len(rows) for _, rows in jobs), waits, urgent,
                                      cfg.verify_batch_size)
         else:
@@ -458,7 +462,10 @@ def _apply(rt, sched, batch, req, res: verifier.RowResult) -> None:
         )
     if req.return_logprob:
         _write_verified_logprobs(req, res, u, decision.new_num_verified, start)
+    was_prompt = state.is_prompt_pending
     state.apply(decision)
+    if was_prompt and prefix_cache.uses_cache(req):
+        prefix_cache.publish_prompt(sched, req)
     rt.stats.observe_decision(decision)
     if rt.metrics is not None:
         rt.metrics.observe_decision(decision)

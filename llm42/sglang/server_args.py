@@ -19,6 +19,7 @@ FLAG_DEFAULTS = {
     "llm42_skip_compare": False,
     "llm42_max_verify_wait": None,
     "llm42_batched_prefill": False,
+    "llm42_prefix_cache": False,
 }
 
 
@@ -58,6 +59,12 @@ def add_cli_args_hook(original, parser: argparse.ArgumentParser):
         "Requests asking for prompt logprobs are still prefilled alone.",
     )
     group.add_argument(
+        "--llm42-prefix-cache",
+        action="store_true",
+        help="With --llm42-batched-prefill: deterministic requests share verified prompt KV "
+        "through SGLang's radix cache, in whole rows of W tokens (needs the radix cache on).",
+    )
+    group.add_argument(
         "--llm42-inject-mismatch-rate",
         type=float,
         default=FLAG_DEFAULTS["llm42_inject_mismatch_rate"],
@@ -92,6 +99,9 @@ def from_cli_args_hook(original, cls, args: argparse.Namespace):
             )
         except ValueError as exc:
             _fail(str(exc))
+        if values["llm42_prefix_cache"] and server_args.disable_radix_cache:
+            _fail("--llm42-prefix-cache shares KV through SGLang's radix cache: drop "
+                  "--disable-radix-cache")
     server_args.override("llm42", **values)
     return server_args
 
@@ -105,6 +115,7 @@ def config_from_values(values: dict, seed: int | None) -> Llm42Config:
         seed=seed or 0,
         max_verify_wait=values["llm42_max_verify_wait"],
         batched_prefill=values["llm42_batched_prefill"],
+        prefix_cache=values["llm42_prefix_cache"],
     )
 
 

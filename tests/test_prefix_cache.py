@@ -1,0 +1,87 @@
+"""`--llm42-prefix-cache` (on batched_server): deterministic requests share verified prompt KV
+through SGLang's radix tree, in whole rows of W tokens; a hit gives bitwise the output of a miss.
+
+Fast-path prefills are perturbed on this server (random KV noise on what they write), so a hit
+that reused unverified KV, or a prompt pass that rewrote shared rows, would show in the outputs.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import requests
+
+from conftest import WINDOW, wait_idle_and_healthy
+from helpers import assert_same, background_requests, concurrently, generate, llm42_stats
+
+pytestmark = pytest.mark.server
+
+CASES = [
+    pytest.param(dict(temperature=0.0), id="greedy"),
+    pytest.param(dict(temperature=0.8, seed=5), id="t0.8-seeded"),
+]
+
+
+def _ids(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(100, 40_000) for _ in range(n)]
+
+
+def _det(url, ids, **case):
+    return generate(url, None, det=True, max_new_tokens=20, extra={"input_ids": ids}, **case)
+
+
+def _flush(server) -> None:
+    wait_idle_and_healthy(server)
+    r = requests.post(server.url + "/flush_cache", timeout=30)
+    assert r.status_code == 200, r.text
+
+
+def _cached(url) -> int:
+    return llm42_stats(url)["cached_prompt_tokens"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_hit_gives_the_output_of_a_miss(batched_server, case):
+    url = batched_server.url
+    shared = _ids(1, 3 * WINDOW + 3)  # 3 whole rows, then 3 tokens of the 4th
+    a = shared + _ids(2, 10)  # P = 37: publishes rows [0, 32)
+    b = shared + _ids(3, 6)  # P = 33: shares 27 tokens with a, i.e. 3 whole rows
+    _flush(batched_server)
+    before = _cached(url)
+    miss = _det(url, b, **case)
+    assert _cached(url) == before, "nothing was published before b"
+    _flush(batched_server)
+    _det(url, a, **case)
+
+    before = _cached(url)
+    partial = _det(url, b, **case)  # matches 27 tokens of a's rows: cut to the row boundary
+    assert _cached(url) - before == 3 * WINDOW
+    assert_same(miss, partial, "hit of a's first 3 rows")
+
+    before = _cached(url)
+    full = concurrently([lambda: _det(url, b, **case)] + background_requests(url, 8))[0]
+    assert _cached(url) - before == 4 * WINDOW, "b's own 4 rows (P - 1 = 32 may match)"
+    assert_same(miss, full, "hit of b's own rows, under load")
+
+
+def test_concurrent_requests_with_one_prompt(batched_server):
+    """Requests of one prompt that race to publish the same rows: duplicates are freed, every
+    output is the miss's, and nothing leaks (the autouse check)."""
+    url = batched_server.url
+    prompt = _ids(4, 5 * WINDOW + 1)
+    _flush(batched_server)
+    miss = _det(url, prompt)
+    _flush(batched_server)
+    outs = concurrently([lambda: _det(url, prompt) for _ in range(6)] + background_requests(url, 6))
+    for i, got in enumerate(outs[:6]):
+        assert_same(miss, got, f"concurrent copy {i}")
+
+
+def test_flag_needs_batched_prefill_and_the_radix_cache():
+    from llm42.core import Llm42Config
+
+    with pytest.raises(ValueError, match="--llm42-batched-prefill"):
+        Llm42Config(prefix_cache=True).validate()
+    Llm42Config(prefix_cache=True, batched_prefill=True).validate()
