@@ -39,7 +39,9 @@ def _flush(server) -> None:
 
 
 def _cached(url) -> int:
-    return llm42_stats(url)["cached_prompt_tokens"]
+    stats = llm42_stats(url)
+    assert stats["prefix_cache"] is True and stats["batched_prefill"] is True
+    return stats["cached_prompt_tokens"]
 
 
 @pytest.mark.parametrize("case", CASES)

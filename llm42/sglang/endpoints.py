@@ -10,7 +10,7 @@ from llm42.sglang.scheduler_hooks import META_KEYS, RESET_KEY
 
 # Settings, identical on every rank; every other number is a counter and is summed.
 _SETTINGS = {"window_size", "verify_batch_size", "inject_mismatch_rate", "skip_compare",
-             "max_verify_wait", "overlap_schedule", "batched_prefill", "enabled"}
+             "max_verify_wait", "overlap_schedule", "batched_prefill", "prefix_cache", "enabled"}
 
 
 def merge_snapshots(snapshots: list[dict]) -> dict:

@@ -52,6 +52,7 @@ class Llm42Runtime:
             max_verify_wait=self.config.verify_wait_steps,
             overlap_schedule=self.overlap,
             batched_prefill=self.config.batched_prefill,
+            prefix_cache=self.config.prefix_cache,
             # Dummy rows reuse SGLang's reserved padding row 0 / slot 0: no extra KV.
             reserved_kv_tokens=0,
         )
