@@ -140,9 +140,9 @@ def simulate(
         waits = [step - ready_since[r.state.rid] for r in waiting]
         urgent = [r.state.is_finishing for r in waiting]
         chosen = select_rows(waits, urgent, batch_size, max_wait)
+        prompt_rows = [row for r in prompts for row in build_prompt_rows(r.state, PROMPT)]
         if prompts:  # prompt passes first; ready windows ride in their dummy rows
-            num_prompt_rows = sum(len(build_prompt_rows(r.state, PROMPT)) for r in prompts)
-            chosen = fill_spare_rows(num_prompt_rows, waits, urgent, batch_size)
+            chosen = fill_spare_rows(len(prompt_rows), waits, urgent, batch_size)
         ready = prompts + [waiting[i] for i in chosen]
         for r in ready:
             ready_since.pop(r.state.rid, None)
@@ -166,9 +166,7 @@ def simulate(
             if corrupt_in_place:
                 request.output_ids[:] = candidate_ids
             injected[request.state.rid] = (candidate_ids, None if index is None else u + index)
-        rows = [row for r in ready for row in (
-            build_prompt_rows(r.state, PROMPT) if r in prompts
-            else [build_row(r.state, r.output_ids)])]
+        rows = prompt_rows + [build_row(r.state, r.output_ids) for r in ready[len(prompts):]]
         for verify_pass in plan_passes(rows, batch_size, window_size):
             stats.observe_pass(verify_pass.num_real_rows, verify_pass.num_pad_rows, 0.0)
             verifier_rows = fake_verifier(verify_pass, requests)

@@ -14,8 +14,8 @@ from llm42.core.planner import (
     VerifyRow,
     build_prompt_rows,
     build_row,
-    plan_passes,
     fill_spare_rows,
+    plan_passes,
     select_rows,
 )
 from llm42.core.stats import Llm42Stats
@@ -34,7 +34,7 @@ __all__ = [
     "build_prompt_rows",
     "build_row",
     "decide",
-    "plan_passes",
     "fill_spare_rows",
+    "plan_passes",
     "select_rows",
 ]

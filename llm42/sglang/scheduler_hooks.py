@@ -372,13 +372,13 @@ def _verify_due(rt, scheduler, batch) -> None:
     while True:
         due = [(r, st) for r in batch.reqs
                if (st := det_state(r)) is not None and not r.finished() and st.is_ready]
-        prompts = [r for r, st in due if st.is_prompt_pending]
-        ready = [r for r, st in due if not st.is_prompt_pending]
-        for req in ready:
+        prompts = [(r, st) for r, st in due if st.is_prompt_pending]
+        ready = [(r, st) for r, st in due if not st.is_prompt_pending]
+        for req, _ in ready:
             if req._llm42_ready_at is None:
                 req._llm42_ready_at = rt.decode_step
-        waits = [rt.decode_step - req._llm42_ready_at for req in ready]
-        urgent = [det_state(req).is_finishing for req in ready]
+        waits = [rt.decode_step - req._llm42_ready_at for req, _ in ready]
+        urgent = [st.is_finishing for _, st in ready]
         chosen = select_rows(waits, urgent, cfg.verify_batch_size, cfg.verify_wait_steps)
         if not chosen and not prompts:
             break
@@ -386,15 +386,15 @@ def _verify_due(rt, scheduler, batch) -> None:
             drained = True
             if _drain(scheduler):
                 continue  # the in-flight result changed the candidates: choose again
-        if prompts:  # first: every later window of theirs reads the prompt's KV
-            jobs = [(r, build_prompt_rows(det_state(r), r.origin_input_ids)) for r in prompts]
-            for r in prompts:
-                rt.stats.observe_cached_prompt(det_state(r).num_cached_prompt_tokens)
+        # Prompts first (every later window of theirs reads the prompt's KV); ready windows
+        # ride in the dummy rows of their last pass.
+        jobs = [(r, build_prompt_rows(st, r.origin_input_ids)) for r, st in prompts]
+        for _, st in prompts:
+            rt.stats.observe_cached_prompt(st.num_cached_prompt_tokens)
+        if prompts:
             chosen = fill_spare_rows(sum(len(rows) for _, rows in jobs), waits, urgent,
                                      cfg.verify_batch_size)
-        else:
-            jobs = []
-        jobs += [(r, [build_row(det_state(r), r.output_ids)]) for r in (ready[i] for i in chosen)]
+        jobs += [(r, [build_row(st, r.output_ids)]) for r, st in (ready[i] for i in chosen)]
         _verify(rt, scheduler, batch, jobs)
         for req, _ in jobs:
             req._llm42_ready_at = None
