@@ -19,6 +19,10 @@
 #   smollm2-sweep              llm42 at ratio 1.0, windows $SWEEP_WINDOWS, + nondet, SmolLM2 shape
 #   online                     ShareGPT at --request-rate $ONLINE_RATE: nondet, sglang-det, llm42 at $ONLINE_RATIO
 #   report                     merge every results.jsonl of this run into one table + plots
+#   save-jit-cache             pack the kernel caches the servers filled (Triton, ~/.cache) into
+#                              $OUT/jit-cache.tar.gz; put it in .gpu-jit/ and carry it to later
+#                              calls: a fresh machine then starts its first server in ~30 s
+#                              instead of ~100 s (decode graph capture compiles kernels cold)
 #
 # Every step writes into $RUN_DIR/STEP and is packed into $OUT/STEP.tar.gz when it ends; its
 # rows are appended to $OUT/results.jsonl and its table to $OUT/tables.md (the device returns at
@@ -40,6 +44,7 @@
 #   PROOF_LLM42_ARGS="" (extra llm42 flags of the proof server, e.g. --llm42-batched-prefill)
 #   LLM42_ARGS="" (extra flags of every llm42 server of the driver steps, e.g.
 #   "--llm42-max-verify-wait 64"; they also name the server in the tables)
+#   JIT_CACHE=.gpu-jit/jit-cache.tar.gz (restored before the first step when present)
 #   COMMON_ARGS (server args for every config; see below) EXTRA_SERVER_ARGS=""
 set -uo pipefail
 
@@ -88,6 +93,8 @@ MODEL_1B=${MODEL_1B:-$MODELS/llama-3.2-1b-random}
 MODEL_SMOL=$MODELS/smollm2-135m-$SMOLLM2_WEIGHTS
 GGUF_DIR=${GGUF_DIR:-/tmp/llm42-gguf}
 SHAREGPT=$REPO/.gpu/data/sharegpt_first_turns.json.xz
+JIT_CACHE=${JIT_CACHE:-$REPO/.gpu-jit/jit-cache.tar.gz}
+JIT_DIRS=(.triton/cache .cache)  # under $HOME; pip and huggingface excluded when packing
 ARXIV=$DATA/arxiv_like.jsonl
 mkdir -p "$OUT" "$RUN_DIR"
 exec > >(tee -a "$OUT/suite.log") 2>&1
@@ -176,6 +183,21 @@ arxiv_data() {
   [[ -f $ARXIV ]] || env_python -m benchmarks.make_arxiv_like --out "$ARXIV" --num-records 512 --seed 0 >&2
 }
 
+restore_jit_cache() {
+  [[ -f $JIT_CACHE && ! -f $RUN_DIR/.jit-restored ]] || return 0
+  tar -xzf "$JIT_CACHE" -C "$HOME" && touch "$RUN_DIR/.jit-restored" \
+    && log "restored kernel caches from $JIT_CACHE ($(du -sh "$JIT_CACHE" | cut -f1))"
+}
+
+save_jit_cache() {
+  local dirs=() d
+  for d in "${JIT_DIRS[@]}"; do [[ -d $HOME/$d ]] && dirs+=("$d"); done
+  [[ ${#dirs[@]} -gt 0 ]] || { log "no kernel caches under $HOME"; return 0; }
+  (cd "$HOME" && du -sh "${dirs[@]}" .cache/* 2>/dev/null | sed 's/^/jit cache: /')
+  tar -czf "$OUT/jit-cache.tar.gz" -C "$HOME" --exclude=.cache/pip --exclude=.cache/huggingface \
+    "${dirs[@]}" && log "packed $OUT/jit-cache.tar.gz ($(du -sh "$OUT/jit-cache.tar.gz" | cut -f1))"
+}
+
 pack() {  # $1 = step name. The device returns at most 8 files: per call suite.log,
   # results.jsonl and tables.md (appended by every step) and one STEP.tar.gz per step.
   local step=$1 dir=$RUN_DIR/$1
@@ -262,6 +284,7 @@ run_step() {
       driver "$step" "$MODEL_8B" "${ONLINE_CONFIGS:-nondet,sglang-det,llm42}" "$ONLINE_RATIO" --window-sizes "$WINDOW" \
         --workload "--dataset-name sharegpt --dataset-path $SHAREGPT --request-rate $ONLINE_RATE" \
         --bench-args "--seed 1 --num-prompts $ONLINE_PROMPTS" ;;
+    save-jit-cache) save_jit_cache ;;
     report)
       mkdir -p "$RUN_DIR/report"
       # every results file of this machine and any copied back into .gpu/results/ (earlier calls)
@@ -276,6 +299,7 @@ run_step() {
 setup || { log "setup failed"; exit 1; }
 # shellcheck disable=SC1091
 source "$PREFIX/env.sh"
+restore_jit_cache
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
 status=0
 for step in "$@"; do
