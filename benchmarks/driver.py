@@ -23,6 +23,7 @@ if __package__ in (None, ""):
 
 import argparse
 import datetime
+import itertools
 import json
 import re
 import shlex
@@ -69,16 +70,19 @@ def server_configs(args) -> list[ServerConfig]:
             out.append(ServerConfig("sglang-det", "sglang-det",
                                     ["--enable-deterministic-inference"], [0.0]))
         else:
-            for window in [int(w) for w in args.window_sizes.split(",")]:
+            variants = args.llm42_args or [""]
+            for window, extra in itertools.product(
+                    [int(w) for w in args.window_sizes.split(",")],
+                    [variants] if isinstance(variants, str) else variants):
                 flags = ["--enable-llm42", "--llm42-window-size", str(window),
                          "--llm42-verify-batch-size", str(args.verify_batch_size)]
                 meta = {"window_size": window, "verify_batch_size": args.verify_batch_size,
                         "skip_compare": False, "inject_mismatch_rate": 0.0}
                 ratios, label = _floats(args.det_ratios), f"llm42-w{window}"
-                if args.llm42_args:
-                    flags += shlex.split(args.llm42_args)
-                    meta["llm42_args"] = args.llm42_args
-                    label += "-" + _flag_label(args.llm42_args)
+                if extra:
+                    flags += shlex.split(extra)
+                    meta["llm42_args"] = extra
+                    label += "-" + _flag_label(extra)
                 if name == "llm42-skip-compare":
                     flags.append("--llm42-skip-compare")
                     meta["skip_compare"] = True
@@ -289,9 +293,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify-batch-size", type=int, default=8)
     p.add_argument("--inject-mismatch-rate", type=float, default=0.05)
     p.add_argument("--server-args", default="", help="given identically to every config")
-    p.add_argument("--llm42-args", default="",
+    p.add_argument("--llm42-args", action="append", default=None,
                    help="extra flags of every llm42 server, e.g. '--llm42-max-verify-wait 64' "
-                        "(recorded as llm42_args; appended to the server label)")
+                        "(recorded as llm42_args; appended to the server label); repeatable: "
+                        "each llm42 config then runs once per value, '' = its defaults")
     p.add_argument("--workload", action="append", default=None,
                    help='bench_serving args of one workload, e.g. "--dataset-name random '
                         '--random-input-len 1024 --random-output-len 256"; repeatable '

@@ -339,6 +339,12 @@ def test_driver_configs_map_to_server_flags():
             llm42 + ["--llm42-max-verify-wait", "64", "--llm42-batched-prefill"],
             "--llm42-max-verify-wait 64"),
     }
+    # repeated --llm42-args: one server per value ('' = defaults) for each llm42 config
+    variants = argparse.Namespace(**{**vars(args), "configs": "llm42",
+                                     "llm42_args": ["", "--llm42-verify-batch-size 4"]})
+    got = {c.label: c.flags for c in driver.server_configs(variants)}
+    assert got == {"llm42-w16": llm42,
+                   "llm42-w16-verify-batch-size4": llm42 + ["--llm42-verify-batch-size", "4"]}
 
 
 # -- GPU host helper ---------------------------------------------------------------------------

@@ -43,7 +43,9 @@
 #   PROOF_BACKGROUND=0,16,64,256 PROOF_REPEATS=2 PROOF_PROMPTS=4 PROOF_TOKENS=256
 #   PROOF_LLM42_ARGS="" (extra llm42 flags of the proof server, e.g. --llm42-batched-prefill)
 #   LLM42_ARGS="" (extra flags of every llm42 server of the driver steps, e.g.
-#   "--llm42-max-verify-wait 64"; they also name the server in the tables)
+#   "--llm42-max-verify-wait 64"; they also name the server in the tables; ';' separates
+#   variants, one server each: ";--llm42-max-verify-wait 64" = defaults, then wait 64)
+#   BENCH_CONFIGS=nondet,sglang-det,llm42 (configs of a bench-WORKLOAD step without -CONFIG)
 #   JIT_CACHE=.gpu-jit/jit-cache.tar.gz (restored before the first step when present)
 #   COMMON_ARGS (server args for every config; see below) EXTRA_SERVER_ARGS=""
 set -uo pipefail
@@ -211,7 +213,10 @@ pack() {  # $1 = step name. The device returns at most 8 files: per call suite.l
 
 driver() {  # $1 = step name, $2 = model, $3 = configs, $4 = ratios, then driver args
   local step=$1 model=$2 configs=$3 ratios=$4; shift 4
-  local fmt="" budget
+  local fmt="" budget variant variants=()
+  IFS=';' read -ra variants <<< "$LLM42_ARGS;"  # one llm42 server per ';'-separated variant
+  local llm42_args=()
+  for variant in "${variants[@]:-}"; do llm42_args+=(--llm42-args "$variant"); done
   budget=$(( $(remaining) - 20 ))  # leave time to pack the results
   if (( budget < MIN_CONFIG_S )); then log "step $step: skipped, only ${budget}s left"; return 1; fi
   [[ $model == "$MODEL_8B" || $SMOLLM2_WEIGHTS == dummy && $model == "$MODEL_SMOL" ]] && fmt="--load-format dummy"
@@ -221,7 +226,7 @@ driver() {  # $1 = step name, $2 = model, $3 = configs, $4 = ratios, then driver
     --verify-batch-size "$VERIFY_BS" --inject-mismatch-rate "$INJECT_RATE" \
     --server-args "$COMMON_ARGS $fmt --random-seed 7" --port "${PORT:-30000}" \
     --startup-timeout "$STARTUP_TIMEOUT" --budget-s "$budget" --min-config-s "$MIN_CONFIG_S" \
-    --llm42-args "$LLM42_ARGS" "$@"
+    "${llm42_args[@]}" "$@"
   local code=$?
   log "step $step: driver exit $code"
   return $code
@@ -243,7 +248,7 @@ bench_step() {  # bench-WORKLOAD[-CONFIG]; WORKLOAD "mix" = every workload of $W
   workload=${rest%%-*}
   config=${rest#"$workload"}; config=${config#-}
   case $config in
-    "") config=nondet,sglang-det,llm42 ;;
+    "") config=${BENCH_CONFIGS:-nondet,sglang-det,llm42} ;;
     all) config=nondet,sglang-det,llm42,llm42-skip-compare,llm42-inject ;;
   esac
   names=$workload; [[ $workload == mix ]] && names=${WORKLOADS//,/ }
