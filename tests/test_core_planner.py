@@ -1,4 +1,4 @@
-"""build_row / plan_passes / select_rows: fixed (B, W) verification shapes, pad rows marked."""
+"""build_row / plan_passes / select_jobs: fixed (B, W) verification shapes, pad rows marked."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ from llm42.core import (
     InvariantError,
     VerifyPass,
     VerifyRow,
+    build_prompt_rows,
     build_row,
-    fill_spare_rows,
+    decide,
+    num_job_rows,
     plan_passes,
-    select_rows,
+    select_jobs,
 )
 
 P = 10
@@ -130,25 +132,44 @@ def test_plan_misuse_raises() -> None:
         ([], [], 4, 3, []),
     ],
 )
-def test_select_rows(waits, urgent, batch_size, max_wait, expected) -> None:
-    assert select_rows(waits, urgent, batch_size, max_wait) == expected
-
-
-def test_select_rows_misuse_raises() -> None:
-    with pytest.raises(InvariantError, match="2 waits but 1"):
-        select_rows([0, 1], [False], 4, 3)
+def test_select_jobs_of_one_row(waits, urgent, batch_size, max_wait, expected) -> None:
+    assert select_jobs([1] * len(waits), waits, urgent, batch_size, max_wait) == expected
 
 
 @pytest.mark.parametrize(
-    "num_rows, batch_size, waits, urgent, expected",
-    [
-        (5, 4, [0, 3, 1, 7], [False, False, True, False], [2, 3, 1]),  # 3 spare: urgent, oldest
-        (8, 8, [9, 9], [True, True], []),  # the prompt rows fill their passes: none ride along
-        (9, 8, [0, 1], [False, False], [1, 0]),  # 7 spare, only 2 ready
-        (2, 4, [], [], []),
+    ("sizes", "waits", "urgent", "expected"),
+    [  # batch_size 8, max_wait 3; a size > 1 is a pending prompt (build_prompt_rows)
+        ([5, 3], [0, 0], [False] * 2, [0, 1]),  # 8 rows fill a pass: run now
+        ([5, 1, 1], [0, 0, 0], [False] * 3, []),  # 7 rows, none due: wait
+        ([5, 1, 1, 1, 1], [3, 0, 0, 0, 2], [False] * 5, [0, 4, 1, 2]),  # due prompt + 3 spare
+        ([9, 1], [0, 4], [False] * 2, [1]),  # due window; the 9-row prompt does not fit
+        ([9, 1], [4, 0], [False] * 2, [0, 1]),  # due prompt: two passes, the window rides
+        ([2, 1], [0, 0], [True, False], [0, 1]),  # a finish waits on the prompt
     ],
 )
-def test_fill_spare_rows_uses_the_dummy_rows_of_prompt_passes(
-    num_rows, batch_size, waits, urgent, expected
-):
-    assert fill_spare_rows(num_rows, waits, urgent, batch_size) == expected
+def test_select_jobs_keeps_prompt_rows_together(sizes, waits, urgent, expected) -> None:
+    chosen = select_jobs(sizes, waits, urgent, 8, 3)
+    assert chosen == expected
+    # the passes that run are the fewest that hold every due row
+    due_rows = sum(sizes[i] for i in range(len(sizes)) if urgent[i] or waits[i] >= 3)
+    assert sum(sizes[i] for i in chosen) <= 8 * max(-(-due_rows // 8), sum(sizes) // 8)
+
+
+def test_select_jobs_misuse_raises() -> None:
+    with pytest.raises(InvariantError, match="2 waits and 1"):
+        select_jobs([1, 1], [0, 1], [False], 4, 3)
+    with pytest.raises(InvariantError, match="at least one row"):
+        select_jobs([0], [0], [False], 4, 3)
+
+
+def test_num_job_rows_counts_uncached_prompt_rows() -> None:
+    for cached, rows in ((0, 3), (4, 2), (8, 1)):
+        state = DetRequestState(rid="p", window_size=4, num_prompt_tokens=10, verify_prompt=True)
+        state.use_cached_prompt(cached)
+        state.on_first_token()
+        assert state.is_prompt_pending
+        assert num_job_rows(state) == rows == len(build_prompt_rows(state, list(range(10))))
+        state.append_candidates(5)  # decoding on behind the pending prompt changes nothing
+        assert num_job_rows(state) == rows
+    state.apply(decide(state, [7] * 6, [7]))  # o_0 verified: a window of one row is next
+    assert not state.is_prompt_pending and num_job_rows(state) == 1

@@ -23,9 +23,9 @@ from llm42.core import (
     build_prompt_rows,
     build_row,
     decide,
-    fill_spare_rows,
+    num_job_rows,
     plan_passes,
-    select_rows,
+    select_jobs,
 )
 
 VOCAB = 17
@@ -132,18 +132,15 @@ def simulate(
         if not active:
             break
         # 1. Fast path: every active, non-finishing request not being verified decodes one token;
-        #    a full window waits up to max_wait steps for the pass to fill (select_rows).
-        prompts = [r for r in active if r.state.is_prompt_pending and r.state.is_ready]
-        waiting = [r for r in active if r.state.is_ready and not r.state.is_prompt_pending]
+        #    a ready window or prompt waits up to max_wait steps for the pass to fill
+        #    (select_jobs).
+        waiting = [r for r in active if r.state.is_ready]
         for r in waiting:
             ready_since.setdefault(r.state.rid, step)
-        waits = [step - ready_since[r.state.rid] for r in waiting]
-        urgent = [r.state.is_finishing for r in waiting]
-        chosen = select_rows(waits, urgent, batch_size, max_wait)
-        prompt_rows = [row for r in prompts for row in build_prompt_rows(r.state, PROMPT)]
-        if prompts:  # prompt passes first; ready windows ride in their dummy rows
-            chosen = fill_spare_rows(len(prompt_rows), waits, urgent, batch_size)
-        ready = prompts + [waiting[i] for i in chosen]
+        chosen = select_jobs([num_job_rows(r.state) for r in waiting],
+                             [step - ready_since[r.state.rid] for r in waiting],
+                             [r.state.is_finishing for r in waiting], batch_size, max_wait)
+        ready = [waiting[i] for i in chosen]
         for r in ready:
             ready_since.pop(r.state.rid, None)
         for request in active:
@@ -166,7 +163,9 @@ def simulate(
             if corrupt_in_place:
                 request.output_ids[:] = candidate_ids
             injected[request.state.rid] = (candidate_ids, None if index is None else u + index)
-        rows = prompt_rows + [build_row(r.state, r.output_ids) for r in ready[len(prompts):]]
+        rows = [row for r in ready for row in (
+            build_prompt_rows(r.state, PROMPT) if r.state.is_prompt_pending
+            else [build_row(r.state, r.output_ids)])]
         for verify_pass in plan_passes(rows, batch_size, window_size):
             stats.observe_pass(verify_pass.num_real_rows, verify_pass.num_pad_rows, 0.0)
             verifier_rows = fake_verifier(verify_pass, requests)

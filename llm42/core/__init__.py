@@ -14,9 +14,9 @@ from llm42.core.planner import (
     VerifyRow,
     build_prompt_rows,
     build_row,
-    fill_spare_rows,
+    num_job_rows,
     plan_passes,
-    select_rows,
+    select_jobs,
 )
 from llm42.core.stats import Llm42Stats
 from llm42.core.window import DetRequestState
@@ -34,7 +34,7 @@ __all__ = [
     "build_prompt_rows",
     "build_row",
     "decide",
-    "fill_spare_rows",
+    "num_job_rows",
     "plan_passes",
-    "select_rows",
+    "select_jobs",
 ]

@@ -24,7 +24,7 @@ class Llm42Config:
 
     @property
     def verify_wait_steps(self) -> int:
-        """Decode steps a full window may wait for a pass to fill up (see planner.select_rows)."""
+        """Decode steps a ready job may wait for a pass to fill up (see planner.select_jobs)."""
         if self.max_verify_wait is not None:
             return self.max_verify_wait
         return self.window_size // 4

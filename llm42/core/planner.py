@@ -126,6 +126,15 @@ def build_prompt_rows(state: DetRequestState, prompt_ids: Sequence[int]) -> list
     return rows
 
 
+def num_job_rows(state: DetRequestState) -> int:
+    """Rows of the request's next verification job: a window is one row, a pending prompt
+    ceil((P - cached) / W) (``build_prompt_rows``), kept together in ``select_jobs``."""
+    if state.is_prompt_pending:
+        uncached = state.num_prompt_tokens - state.num_cached_prompt_tokens
+        return -(-uncached // state.window_size)
+    return 1
+
+
 @dataclass(frozen=True)
 class VerifyPass:
     """Exactly ``batch_size`` rows of ``window_size`` entries: real rows first, then pad rows."""
@@ -170,32 +179,35 @@ class VerifyPass:
         return [position for row in self.rows for position in row.positions]
 
 
-def select_rows(
-    waits: Sequence[int], urgent: Sequence[bool], batch_size: int, max_wait: int
+def select_jobs(
+    sizes: Sequence[int], waits: Sequence[int], urgent: Sequence[bool], batch_size: int,
+    max_wait: int,
 ) -> list[int]:
-    """Which ready windows to verify now, as indices into ``waits``, most pressing first.
+    """Which ready jobs to verify now, as indices, most pressing first. A job is a window (one
+    row) or a prompt (``len(build_prompt_rows(...))`` rows, kept together).
 
-    A pass costs the same with 1 real row as with B, so a full window may keep decoding
-    (its next candidates pile up behind it) for up to ``max_wait`` steps while others fill the
-    pass. Due now: urgent windows (a finish waits on them) and those that waited ``max_wait``.
-    Runs as many passes as the due windows need, and every pass that is full anyway; the
-    result never depends on when a window is verified, only the padding and latency do.
+    A pass costs the same with 1 real row as with B, so a ready job may keep decoding (its
+    next candidates pile up behind it) for up to ``max_wait`` steps while others fill the pass.
+    Due now: urgent jobs (a finish waits on them) and those that waited ``max_wait``. Runs as
+    many passes as the due jobs need, and every pass that is full anyway, and fills them with
+    whatever else fits; the result never depends on when a job is verified, only the padding
+    and latency do.
     """
-    if len(waits) != len(urgent):
-        raise InvariantError(f"{len(waits)} waits but {len(urgent)} urgency flags")
+    if not len(sizes) == len(waits) == len(urgent):
+        raise InvariantError(
+            f"{len(sizes)} sizes, {len(waits)} waits and {len(urgent)} urgency flags"
+        )
+    if any(size < 1 for size in sizes):
+        raise InvariantError(f"every job has at least one row, got sizes {list(sizes)}")
     order = sorted(range(len(waits)), key=lambda i: (not urgent[i], -waits[i], i))
-    num_due = sum(1 for i in order if urgent[i] or waits[i] >= max_wait)
-    num_passes = max(-(-num_due // batch_size), len(order) // batch_size)
-    return order[: num_passes * batch_size]
-
-
-def fill_spare_rows(
-    num_rows: int, waits: Sequence[int], urgent: Sequence[bool], batch_size: int
-) -> list[int]:
-    """Ready windows (indices into ``waits``, most pressing first) that fill the dummy rows of
-    the last pass of ``num_rows`` other rows (prompt rows): the pass costs the same with them,
-    and verifying a window before it is due changes no decision, only when it is made."""
-    return select_rows(waits, urgent, batch_size, max_wait=0)[: -num_rows % batch_size]
+    rows_due = sum(sizes[i] for i in order if urgent[i] or waits[i] >= max_wait)
+    capacity = batch_size * max(-(-rows_due // batch_size), sum(sizes) // batch_size)
+    chosen, used = [], 0
+    for i in order:  # the due jobs come first and always fit
+        if used + sizes[i] <= capacity:
+            chosen.append(i)
+            used += sizes[i]
+    return chosen
 
 
 def plan_passes(rows: Sequence[VerifyRow], batch_size: int, window_size: int) -> list[VerifyPass]:

@@ -31,9 +31,9 @@ from llm42.core.decision import decide
 from llm42.core.planner import (
     build_prompt_rows,
     build_row,
-    fill_spare_rows,
+    num_job_rows,
     plan_passes,
-    select_rows,
+    select_jobs,
 )
 from llm42.core.window import DetRequestState
 from llm42.sglang import kv_rollback, prefill_faults, prefix_cache, runtime, verifier
@@ -340,8 +340,8 @@ def process_result_hook(original, scheduler, batch, result):
 def next_batch_hook(original, scheduler, running_batch, last_batch):
     """AROUND Scheduler.get_next_batch_to_run: verify due windows before the next batch is built.
 
-    A full window waits (decoding on) until B windows fill a pass, it has waited
-    `verify_wait_steps` decode steps, or a finish depends on it (`planner.select_rows`)."""
+    A full window or a fast-path prompt waits (decoding on) until B rows fill a pass, it has
+    waited `verify_wait_steps` decode steps, or a finish depends on it (`planner.select_jobs`)."""
     rt = runtime.RUNTIME
     if rt is None:
         return original(scheduler, running_batch, last_batch)
@@ -370,31 +370,28 @@ def _verify_due(rt, scheduler, batch) -> None:
     cfg = rt.config
     touched, drained = [], False
     while True:
-        due = [(r, st) for r in batch.reqs
-               if (st := det_state(r)) is not None and not r.finished() and st.is_ready]
-        prompts = [(r, st) for r, st in due if st.is_prompt_pending]
-        ready = [(r, st) for r, st in due if not st.is_prompt_pending]
+        ready = [(r, st) for r in batch.reqs
+                 if (st := det_state(r)) is not None and not r.finished() and st.is_ready]
         for req, _ in ready:
             if req._llm42_ready_at is None:
                 req._llm42_ready_at = rt.decode_step
-        waits = [rt.decode_step - req._llm42_ready_at for req, _ in ready]
-        urgent = [st.is_finishing for _, st in ready]
-        chosen = select_rows(waits, urgent, cfg.verify_batch_size, cfg.verify_wait_steps)
-        if not chosen and not prompts:
+        chosen = select_jobs([num_job_rows(st) for _, st in ready],
+                             [rt.decode_step - req._llm42_ready_at for req, _ in ready],
+                             [st.is_finishing for _, st in ready],
+                             cfg.verify_batch_size, cfg.verify_wait_steps)
+        if not chosen:
             break
         if not drained:
             drained = True
             if _drain(scheduler):
                 continue  # the in-flight result changed the candidates: choose again
-        # Prompts first (every later window of theirs reads the prompt's KV); ready windows
-        # ride in the dummy rows of their last pass.
-        jobs = [(r, build_prompt_rows(st, r.origin_input_ids)) for r, st in prompts]
-        for _, st in prompts:
-            rt.stats.observe_cached_prompt(st.num_cached_prompt_tokens)
-        if prompts:
-            chosen = fill_spare_rows(sum(len(rows) for _, rows in jobs), waits, urgent,
-                                     cfg.verify_batch_size)
-        jobs += [(r, [build_row(st, r.output_ids)]) for r, st in (ready[i] for i in chosen)]
+        jobs = []
+        for req, st in (ready[i] for i in chosen):
+            if st.is_prompt_pending:
+                rt.stats.observe_cached_prompt(st.num_cached_prompt_tokens)
+                jobs.append((req, build_prompt_rows(st, req.origin_input_ids)))
+            else:
+                jobs.append((req, [build_row(st, req.output_ids)]))
         _verify(rt, scheduler, batch, jobs)
         for req, _ in jobs:
             req._llm42_ready_at = None
