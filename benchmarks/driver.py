@@ -105,8 +105,15 @@ def server_configs(args) -> list[ServerConfig]:
 
 
 def _flag_label(flags: str) -> str:
-    """`--llm42-max-verify-wait 64` -> `max-verify-wait64`: tells servers apart in tables."""
-    return re.sub(r"[^A-Za-z0-9.=-]+", "", flags.replace("--llm42-", "").replace(" ", ""))
+    """`--llm42-batched-prefill --llm42-max-verify-wait 48` -> `batched-prefill-max-verify-wait48`:
+    tells servers apart in tables."""
+    parts: list[str] = []
+    for token in shlex.split(flags):
+        if token.startswith("-") or not parts:
+            parts.append(token.removeprefix("--llm42-").lstrip("-"))
+        else:
+            parts[-1] += token
+    return re.sub(r"[^A-Za-z0-9.=-]+", "", "-".join(parts))
 
 
 def _count_lines(path: Path) -> int:
