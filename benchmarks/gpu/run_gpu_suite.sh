@@ -216,7 +216,7 @@ driver() {  # $1 = step name, $2 = model, $3 = configs, $4 = ratios, then driver
   local fmt="" budget variant variants=()
   IFS=';' read -ra variants <<< "$LLM42_ARGS;"  # one llm42 server per ';'-separated variant
   local llm42_args=()
-  for variant in "${variants[@]:-}"; do llm42_args+=(--llm42-args "$variant"); done
+  for variant in "${variants[@]:-}"; do llm42_args+=("--llm42-args=$variant"); done
   budget=$(( $(remaining) - 20 ))  # leave time to pack the results
   if (( budget < MIN_CONFIG_S )); then log "step $step: skipped, only ${budget}s left"; return 1; fi
   [[ $model == "$MODEL_8B" || $SMOLLM2_WEIGHTS == dummy && $model == "$MODEL_SMOL" ]] && fmt="--load-format dummy"
