@@ -38,7 +38,7 @@ RESULTS = "results.jsonl"
 # nondet-no-overlap / llm42-no-overlap: SGLang's normal event loop instead of the overlap loop
 # (llm42 runs in both); they measure what the overlap scheduler is worth with and without llm42.
 CONFIGS = ("nondet", "nondet-no-overlap", "sglang-det", "llm42", "llm42-skip-compare",
-           "llm42-inject", "llm42-no-overlap", "llm42-batched-prefill")
+           "llm42-inject", "llm42-no-overlap", "llm42-batched-prefill", "llm42-solo-prefill")
 _ERROR_LINE = re.compile(r"(Error|error|Exception|refus|not supported)")
 
 
@@ -91,10 +91,14 @@ def server_configs(args) -> list[ServerConfig]:
                     flags.append("--disable-overlap-schedule")
                     meta["overlap_schedule"] = False
                     label += "-no-overlap"
-                elif name == "llm42-batched-prefill":
+                elif name == "llm42-batched-prefill":  # the default since 2026-12-03
                     flags.append("--llm42-batched-prefill")
                     meta["batched_prefill"] = True
                     label += "-batched-prefill"
+                elif name == "llm42-solo-prefill":
+                    flags.append("--no-llm42-batched-prefill")
+                    meta["batched_prefill"] = False
+                    label += "-solo-prefill"
                 elif name == "llm42-inject":
                     flags += ["--llm42-inject-mismatch-rate", str(args.inject_mismatch_rate)]
                     meta["inject_mismatch_rate"] = args.inject_mismatch_rate

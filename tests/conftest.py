@@ -34,6 +34,7 @@ def _llm42_args(rate: float = 0.0, window: int = WINDOW) -> list[str]:
         "--llm42-inject-mismatch-rate", str(rate),
         "--random-seed", "7",
         "--context-length", str(CONTEXT),
+        "--no-llm42-batched-prefill",  # solo prefills; batched_server covers the default
     ]
 
 

@@ -314,7 +314,7 @@ def test_driver_configs_map_to_server_flags():
 
     args = argparse.Namespace(
         configs="nondet,nondet-no-overlap,llm42,llm42-no-overlap,llm42-skip-compare,"
-                "llm42-batched-prefill",
+                "llm42-batched-prefill,llm42-solo-prefill",
         window_sizes="16", verify_batch_size=4, det_ratios="0.1,1.0", variant_ratios="1.0",
         inject_mismatch_rate=0.05, llm42_args="")
     got = {c.label: (c.config, c.flags, c.ratios) for c in driver.server_configs(args)}
@@ -326,6 +326,7 @@ def test_driver_configs_map_to_server_flags():
         "llm42-w16-no-overlap": ("llm42", llm42 + ["--disable-overlap-schedule"], [0.1, 1.0]),
         "llm42-w16-skip": ("llm42", llm42 + ["--llm42-skip-compare"], [1.0]),
         "llm42-w16-batched-prefill": ("llm42", llm42 + ["--llm42-batched-prefill"], [0.1, 1.0]),
+        "llm42-w16-solo-prefill": ("llm42", llm42 + ["--no-llm42-batched-prefill"], [0.1, 1.0]),
     }
     with pytest.raises(SystemExit, match="unknown config"):
         driver.server_configs(argparse.Namespace(**{**vars(args), "configs": "llm43"}))

@@ -84,6 +84,6 @@ def test_concurrent_requests_with_one_prompt(batched_server):
 def test_flag_needs_batched_prefill_and_the_radix_cache():
     from llm42.core import Llm42Config
 
-    with pytest.raises(ValueError, match="--llm42-batched-prefill"):
-        Llm42Config(prefix_cache=True).validate()
-    Llm42Config(prefix_cache=True, batched_prefill=True).validate()
+    with pytest.raises(ValueError, match="--no-llm42-batched-prefill"):
+        Llm42Config(prefix_cache=True, batched_prefill=False).validate()
+    Llm42Config(prefix_cache=True).validate()  # batched prefill is the default

@@ -31,7 +31,7 @@ def _model_args(model: str) -> list[str]:
 
 FLAGS = ("--enable-llm42", "--llm42-window-size", "--llm42-verify-batch-size",
          "--llm42-inject-mismatch-rate", "--llm42-skip-compare", "--llm42-max-verify-wait",
-         "--llm42-batched-prefill")
+         "--llm42-batched-prefill", "--no-llm42-batched-prefill")
 BAD_FLAGS = [
     (["--llm42-window-size", "0"], "--llm42-window-size"),  # zero window
     (["--llm42-window-size", "-3"], "--llm42-window-size"),  # negative window
@@ -40,6 +40,8 @@ BAD_FLAGS = [
     (["--llm42-inject-mismatch-rate", "1.5"], "--llm42-inject-mismatch-rate"),  # not a prob.
     (["--llm42-window-size", "8", "--llm42-max-verify-wait", "8"],
      "--llm42-max-verify-wait"),  # a wait of a whole window
+    (["--no-llm42-batched-prefill", "--llm42-prefix-cache"],
+     "--no-llm42-batched-prefill"),  # prefix sharing needs prompt passes
 ]
 GOOD_FLAGS = ["--llm42-window-size", "16", "--llm42-verify-batch-size", "2",
               "--llm42-max-verify-wait", "3"]

@@ -19,7 +19,7 @@ class Llm42Config:
     skip_compare: bool = False  # --llm42-skip-compare
     seed: int = 0  # seeds the mismatch injector
     max_verify_wait: int | None = None  # --llm42-max-verify-wait; None: W // 4
-    batched_prefill: bool = False  # --llm42-batched-prefill
+    batched_prefill: bool = True  # --[no-]llm42-batched-prefill
     prefix_cache: bool = False  # --llm42-prefix-cache
 
     @property
@@ -50,8 +50,8 @@ class Llm42Config:
             )
         if self.prefix_cache and not self.batched_prefill:
             raise ValueError(
-                "--llm42-prefix-cache shares prompt KV written by prompt passes: pass "
-                "--llm42-batched-prefill too"
+                "--llm42-prefix-cache shares prompt KV written by prompt passes: drop "
+                "--no-llm42-batched-prefill"
             )
         if not 0.0 <= self.inject_mismatch_rate <= 1.0:  # also rejects NaN
             raise ValueError(

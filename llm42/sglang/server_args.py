@@ -18,7 +18,7 @@ FLAG_DEFAULTS = {
     "llm42_inject_mismatch_rate": 0.0,
     "llm42_skip_compare": False,
     "llm42_max_verify_wait": None,
-    "llm42_batched_prefill": False,
+    "llm42_batched_prefill": True,
     "llm42_prefix_cache": False,
 }
 
@@ -53,15 +53,17 @@ def add_cli_args_hook(original, parser: argparse.ArgumentParser):
     )
     group.add_argument(
         "--llm42-batched-prefill",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=FLAG_DEFAULTS["llm42_batched_prefill"],
         help="Prefill deterministic requests on the fast path together with other requests and "
-        "verify their prompt in fixed-shape passes (instead of one prefill batch per request). "
-        "Requests asking for prompt logprobs are still prefilled alone.",
+        "verify their prompt in fixed-shape passes (default); --no-llm42-batched-prefill gives "
+        "each deterministic prefill a batch of its own. Requests asking for prompt logprobs are "
+        "always prefilled alone.",
     )
     group.add_argument(
         "--llm42-prefix-cache",
         action="store_true",
-        help="With --llm42-batched-prefill: deterministic requests share verified prompt KV "
+        help="With batched prefill (the default): deterministic requests share verified prompt KV "
         "through SGLang's radix cache, in whole rows of W tokens (needs the radix cache on).",
     )
     group.add_argument(
