@@ -1,13 +1,14 @@
 """The decode-verify-rollback hooks inside SGLang's scheduler process.
 
 Flow for a deterministic request, in SGLang's normal and overlap event loops alike:
-  1. prefill runs in a batch of its own (`prefill_batch_hook`), so o_0 depends on the request only;
-     with `--llm42-batched-prefill` it runs in any batch and a prompt pass (window -1, rows of
-     W prompt tokens) later recomputes the prompt's KV and verifies o_0 like a candidate;
+  1. prefill runs in any batch (batched prefill, the default) and a prompt pass (window -1, rows
+     of W prompt tokens) later recomputes the prompt's KV and verifies o_0 like a candidate; with
+     `--no-llm42-batched-prefill` (or prompt logprobs) it runs in a batch of its own
+     (`prefill_batch_hook`), so o_0 depends on the request only;
   2. decode steps append candidates on the shared fast path; `output_ids_through_stop` shows
      the detokenizer only the verified prefix, and a finish (EOS, stop, length) is deferred
      until the tokens that caused it are verified (`update_finish_state_hook`);
-  3. before the scheduler builds its next batch, windows that are due are verified in
+  3. before the scheduler builds its next batch, windows and prompts that are due are verified in
      fixed-shape passes and the decision of `llm42.core` is applied: commit, or truncate +
      corrected token (`next_batch_hook`);
   4. finished requests are released and streamed only after their last window is verified.
@@ -213,7 +214,7 @@ def reset_for_retract_hook(result, req, *args, **kwargs):
 
 def prefill_batch_hook(original, scheduler, *args, **kwargs):
     """AROUND Scheduler._get_new_batch_prefill_raw: a deterministic prefill runs alone, unless
-    its prompt is verified afterwards (`--llm42-batched-prefill`): then it joins any batch."""
+    its prompt is verified afterwards (batched prefill, the default): then it joins any batch."""
     rt = runtime.RUNTIME
     queue = scheduler.waiting_queue
     chunked = scheduler.chunked_req
