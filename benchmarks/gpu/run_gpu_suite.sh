@@ -46,6 +46,7 @@
 #   "--llm42-max-verify-wait 64"; they also name the server in the tables; ';' separates
 #   variants, one server each: ";--llm42-max-verify-wait 64" = defaults, then wait 64)
 #   BENCH_CONFIGS=nondet,sglang-det,llm42 (configs of a bench-WORKLOAD step without -CONFIG)
+#   PREFILL_GRAPHS=0 (1: keep SGLang's prefill CUDA graphs for every config)
 #   JIT_CACHE=.gpu-jit/jit-cache.tar.gz (restored before the first step when present)
 #   COMMON_ARGS (server args for every config; see below) EXTRA_SERVER_ARGS=""
 set -uo pipefail
@@ -85,7 +86,12 @@ LLM42_ARGS=${LLM42_ARGS:-}
 EXTRA_SERVER_ARGS=${EXTRA_SERVER_ARGS:-}
 # Identical for every configuration (README of the bundle: triton attention, no radix cache,
 # a cap on running requests so sglang-det does not run out of memory, no prefill graphs).
-COMMON_ARGS=${COMMON_ARGS:-"--attention-backend triton --sampling-backend pytorch --disable-radix-cache --max-running-requests $MAX_RUNNING --cuda-graph-backend-prefill=disabled --cuda-graph-max-bs-decode $MAX_RUNNING $EXTRA_SERVER_ARGS"}
+# PREFILL_GRAPHS=1 keeps SGLang's prefill CUDA graphs (~75 s more per server start): normal
+# prefills and the B x W verification pass (512 tokens, a captured size) then replay graphs.
+PREFILL_GRAPHS=${PREFILL_GRAPHS:-0}
+PREFILL_GRAPH_ARG=--cuda-graph-backend-prefill=disabled
+[[ $PREFILL_GRAPHS == 1 ]] && PREFILL_GRAPH_ARG=
+COMMON_ARGS=${COMMON_ARGS:-"--attention-backend triton --sampling-backend pytorch --disable-radix-cache --max-running-requests $MAX_RUNNING $PREFILL_GRAPH_ARG --cuda-graph-max-bs-decode $MAX_RUNNING $EXTRA_SERVER_ARGS"}
 
 LLM42_SITE=$PREFIX/llm42-site
 MODELS=$RUN_DIR/models
