@@ -109,12 +109,12 @@ def server_configs(args) -> list[ServerConfig]:
 
 
 def _flag_label(flags: str) -> str:
-    """`--llm42-batched-prefill --llm42-max-verify-wait 48` -> `batched-prefill-max-verify-wait48`:
-    tells servers apart in tables."""
+    """`--llm42-batched-prefill --llm42-max-verify-wait 48` -> `batched-prefill-max-verify-wait48`,
+    `--no-llm42-batched-prefill` -> `no-batched-prefill`: tells servers apart in tables."""
     parts: list[str] = []
     for token in shlex.split(flags):
         if token.startswith("-") or not parts:
-            parts.append(token.removeprefix("--llm42-").lstrip("-"))
+            parts.append(token.lstrip("-").replace("llm42-", ""))
         else:
             parts[-1] += token
     return re.sub(r"[^A-Za-z0-9.=-]+", "", "-".join(parts))

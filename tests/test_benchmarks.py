@@ -14,7 +14,9 @@ import argparse
 
 import importlib.metadata
 import json
+import os
 import struct
+import subprocess
 import sys
 import sysconfig
 import zlib
@@ -349,6 +351,34 @@ def test_driver_configs_map_to_server_flags():
 
 
 # -- GPU host helper ---------------------------------------------------------------------------
+def test_gpu_suite_dry_run_hands_the_driver_arguments_it_accepts(tmp_path):
+    """The suite's shell plumbing (LLM42_ARGS variants, BENCH_CONFIGS, PREFILL_GRAPHS) checked
+    without a GPU: its driver command lines must parse and give one server per variant."""
+    from benchmarks import driver
+
+    suite = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "run_gpu_suite.sh"
+    env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
+           "RUN_DIR": str(tmp_path / "run"), "JIT_CACHE": str(tmp_path / "none.tar.gz"),
+           "BENCH_CONFIGS": "nondet,llm42", "DET_RATIOS": "0.1", "PREFILL_GRAPHS": "1",
+           "LLM42_ARGS": ";--llm42-max-verify-wait 48;--no-llm42-batched-prefill"}
+    subprocess.run(["bash", str(suite), "bench-sharegpt", "online"], env=env, check=True,
+                   capture_output=True, timeout=120)
+    argvs = [json.loads(line) for line in (tmp_path / "out" / "dry_run.jsonl").read_text()
+             .splitlines()]
+    drivers = [argv[2:] for argv in argvs if argv[:2] == ["-m", "benchmarks.driver"]]
+    assert len(drivers) == 2  # bench-sharegpt, online
+    for argv in drivers:
+        args = driver.build_parser().parse_args(argv)
+        configs = driver.server_configs(args)
+        assert "--cuda-graph-backend-prefill=disabled" not in args.server_args
+        llm42 = [c for c in configs if c.config == "llm42"]
+        assert [c.label for c in llm42] == [
+            "llm42-w64", "llm42-w64-max-verify-wait48", "llm42-w64-no-batched-prefill"]
+        assert llm42[2].flags[-1] == "--no-llm42-batched-prefill"
+    assert [c.label for c in driver.server_configs(driver.build_parser().parse_args(
+        drivers[0]))][0] == "nondet"
+
+
 def test_install_llm42_writes_a_discoverable_dist_info(tmp_path):
     info = install(tmp_path / "site")
     dists = list(importlib.metadata.distributions(path=[str(tmp_path / "site")]))

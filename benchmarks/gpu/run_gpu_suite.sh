@@ -47,6 +47,8 @@
 #   variants, one server each: ";--llm42-max-verify-wait 64" = defaults, then wait 64)
 #   BENCH_CONFIGS=nondet,sglang-det,llm42 (configs of a bench-WORKLOAD step without -CONFIG)
 #   PREFILL_GRAPHS=0 (1: keep SGLang's prefill CUDA graphs for every config)
+#   DRY_RUN=0 (1: install nothing, start nothing; every python command the steps would run is
+#   appended to $OUT/dry_run.jsonl as a JSON argv; tests/test_benchmarks.py checks them)
 #   JIT_CACHE=.gpu-jit/jit-cache.tar.gz (restored before the first step when present)
 #   COMMON_ARGS (server args for every config; see below) EXTRA_SERVER_ARGS=""
 set -uo pipefail
@@ -57,6 +59,7 @@ RUN_DIR=${RUN_DIR:-/tmp/llm42-suite}
 BUNDLE=${BUNDLE:-$REPO/.gpu/bundle}
 PREFIX=${PREFIX:-/tmp/sgl}
 PYTHON=${PYTHON:-python3}
+DRY_RUN=${DRY_RUN:-0}
 SUITE_BUDGET_S=${SUITE_BUDGET_S:-540}
 MIN_CONFIG_S=${MIN_CONFIG_S:-180}
 STARTUP_TIMEOUT=${STARTUP_TIMEOUT:-400}
@@ -111,7 +114,7 @@ log() { echo "[suite +$(( $(date +%s) - T0 ))s] $*"; }
 remaining() { echo $(( SUITE_BUDGET_S - ($(date +%s) - T0) )); }
 
 setup() {
-  [[ -f $RUN_DIR/.setup-done ]] && return 0
+  [[ -f $RUN_DIR/.setup-done || $DRY_RUN == 1 ]] && return 0
   [[ -f $BUNDLE/install.sh ]] || { log "no $BUNDLE/install.sh: run prepare_assets first"; return 1; }
   if [[ ! -f $PREFIX/env.sh ]]; then
     log "installing the SGLang bundle into $PREFIX"
@@ -133,20 +136,24 @@ print('plugin entry point OK:', eps[0].value, 'llm42 from', llm42.__file__, 'sgl
 }
 
 env_python() {  # llm42's copy first, the repo (for `benchmarks`) last; never cwd = the repo
+  if [[ $DRY_RUN == 1 ]]; then
+    "$PYTHON" -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$@" >> "$OUT/dry_run.jsonl"
+    return 0
+  fi
   (cd "$RUN_DIR" && PYTHONPATH="$LLM42_SITE:${PYTHONPATH:-}:$REPO" \
      LLM42_GIT_COMMIT="${LLM42_GIT_COMMIT:-$(cat "$REPO/.gpu/GIT_COMMIT" 2>/dev/null)}" \
      PYTHONUNBUFFERED=1 "$PYTHON" "$@")
 }
 
 model_1b() {
-  [[ -f $MODEL_1B/model.safetensors ]] && return 0
+  [[ -f $MODEL_1B/model.safetensors || $DRY_RUN == 1 ]] && return 0
   log "writing $MODEL_1B (llama-3.2-1b shape, N(0, 0.02^2) weights, bf16, Llama-3 tokenizer)"
   env_python -m llm42.models random-llama --preset llama-3.2-1b --out "$MODEL_1B" \
     --dtype bfloat16 --seed 0 --tokenizer "$MODEL_8B"
 }
 
 model_smollm2() {
-  [[ -f $MODEL_SMOL/config.json ]] && return 0
+  [[ -f $MODEL_SMOL/config.json || $DRY_RUN == 1 ]] && return 0
   case $SMOLLM2_WEIGHTS in
     dummy) mkdir -p "$MODEL_SMOL" && cp "$REPO"/.gpu/smollm2/* "$MODEL_SMOL"/ ;;
     real) smollm2_real ;;
@@ -192,7 +199,7 @@ arxiv_data() {
 }
 
 restore_jit_cache() {
-  [[ -f $JIT_CACHE && ! -f $RUN_DIR/.jit-restored ]] || return 0
+  [[ -f $JIT_CACHE && ! -f $RUN_DIR/.jit-restored && $DRY_RUN != 1 ]] || return 0
   tar -xzf "$JIT_CACHE" -C "$HOME" && touch "$RUN_DIR/.jit-restored" \
     && log "restored kernel caches from $JIT_CACHE ($(du -sh "$JIT_CACHE" | cut -f1))"
 }
@@ -309,7 +316,7 @@ run_step() {
 [[ $# -gt 0 ]] || { sed -n 2,30p "${BASH_SOURCE[0]}"; exit 2; }
 setup || { log "setup failed"; exit 1; }
 # shellcheck disable=SC1091
-source "$PREFIX/env.sh"
+[[ $DRY_RUN == 1 ]] || source "$PREFIX/env.sh"
 restore_jit_cache
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
 status=0
