@@ -70,10 +70,8 @@ def server_configs(args) -> list[ServerConfig]:
             out.append(ServerConfig("sglang-det", "sglang-det",
                                     ["--enable-deterministic-inference"], [0.0]))
         else:
-            variants = args.llm42_args or [""]
             for window, extra in itertools.product(
-                    [int(w) for w in args.window_sizes.split(",")],
-                    [variants] if isinstance(variants, str) else variants):
+                    [int(w) for w in args.window_sizes.split(",")], args.llm42_args or [""]):
                 flags = ["--enable-llm42", "--llm42-window-size", str(window),
                          "--llm42-verify-batch-size", str(args.verify_batch_size)]
                 meta = {"window_size": window, "verify_batch_size": args.verify_batch_size,

@@ -318,7 +318,7 @@ def test_driver_configs_map_to_server_flags():
         configs="nondet,nondet-no-overlap,llm42,llm42-no-overlap,llm42-skip-compare,"
                 "llm42-batched-prefill,llm42-solo-prefill",
         window_sizes="16", verify_batch_size=4, det_ratios="0.1,1.0", variant_ratios="1.0",
-        inject_mismatch_rate=0.05, llm42_args="")
+        inject_mismatch_rate=0.05, llm42_args=None)
     got = {c.label: (c.config, c.flags, c.ratios) for c in driver.server_configs(args)}
     llm42 = ["--enable-llm42", "--llm42-window-size", "16", "--llm42-verify-batch-size", "4"]
     assert got == {
@@ -334,7 +334,7 @@ def test_driver_configs_map_to_server_flags():
         driver.server_configs(argparse.Namespace(**{**vars(args), "configs": "llm43"}))
     # --llm42-args reach every llm42 server (not the baselines) and tell them apart in tables
     extra = argparse.Namespace(**{**vars(args), "configs": "nondet,llm42-batched-prefill",
-                                  "llm42_args": "--llm42-max-verify-wait 64"})
+                                  "llm42_args": ["--llm42-max-verify-wait 64"]})
     got = {c.label: (c.flags, c.meta.get("llm42_args")) for c in driver.server_configs(extra)}
     assert got == {
         "nondet": ([], None),

@@ -226,9 +226,8 @@ pack() {  # $1 = step name. The device returns at most 8 files: per call suite.l
 
 driver() {  # $1 = step name, $2 = model, $3 = configs, $4 = ratios, then driver args
   local step=$1 model=$2 configs=$3 ratios=$4; shift 4
-  local fmt="" budget variant variants=()
+  local fmt="" budget variant variants=() llm42_args=()
   IFS=';' read -ra variants <<< "$LLM42_ARGS;"  # one llm42 server per ';'-separated variant
-  local llm42_args=()
   for variant in "${variants[@]:-}"; do llm42_args+=("--llm42-args=$variant"); done
   budget=$(( $(remaining) - 20 ))  # leave time to pack the results
   if (( budget < MIN_CONFIG_S )); then log "step $step: skipped, only ${budget}s left"; return 1; fi
