@@ -12,6 +12,7 @@ WINDOW = 8
 VERIFY_BATCH = 4
 CONTEXT = 1024
 CHUNK = 32  # --chunked-prefill-size of batched_server
+SOLO_MIN = 300  # --llm42-solo-prefill-min-tokens of batched_server
 
 
 @pytest.fixture(scope="session")
@@ -71,9 +72,11 @@ def batched_server(tiny_model, tmp_path_factory):
     (`--llm42-batched-prefill`). Every such fast-path prefill is perturbed (random KV noise and
     o_0, `llm42.sglang.prefill_faults`), and a fifth of all windows get a forced mismatch.
     Prompts longer than CHUNK tokens prefill in chunks (alone or batched); deterministic
-    requests share verified prompt rows through the radix cache (`--llm42-prefix-cache`)."""
+    requests share verified prompt rows through the radix cache (`--llm42-prefix-cache`);
+    prompts of SOLO_MIN tokens or more prefill alone (`--llm42-solo-prefill-min-tokens`)."""
     args = _llm42_args(rate=0.2) + ["--llm42-batched-prefill", "--llm42-prefix-cache",
-                                    "--chunked-prefill-size", str(CHUNK)]
+                                    "--chunked-prefill-size", str(CHUNK),
+                                    "--llm42-solo-prefill-min-tokens", str(SOLO_MIN)]
     server = _start(tiny_model, args, "batched", tmp_path_factory,
                     env={"LLM42_TEST_PERTURB_PREFILL": "1"})
     yield server

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -50,6 +51,12 @@ def _unpack(out: dict, ids):
     meta = out["meta_info"]
     lps = [t[0] for t in meta.get("output_token_logprobs", [])]
     return list(ids), lps, meta
+
+
+def random_ids(seed: int, n: int) -> list[int]:
+    """A prompt of n token ids (seeded), for lengths that text prompts cannot hit exactly."""
+    rng = random.Random(seed)
+    return [rng.randrange(100, 40_000) for _ in range(n)]
 
 
 def llm42_stats(url: str) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from conftest import CHUNK, VERIFY_BATCH, WINDOW, wait_idle_and_healthy
+from conftest import CHUNK, SOLO_MIN, VERIFY_BATCH, WINDOW, wait_idle_and_healthy
 from helpers import (
     PROMPTS,
     assert_prefix,
@@ -19,6 +19,7 @@ from helpers import (
     concurrently,
     generate,
     llm42_stats,
+    random_ids,
 )
 
 pytestmark = pytest.mark.server
@@ -106,6 +107,34 @@ def test_prompts_longer_than_a_prefill_chunk(batched_server):
         if extra:
             assert len(ref[2]["input_token_logprobs"]) == tokens
             assert ref[2]["input_token_logprobs"] == got[2]["input_token_logprobs"]
+
+
+def test_long_prompts_prefill_alone_short_ones_share_batches(batched_server):
+    """A prompt of SOLO_MIN tokens or more (`--llm42-solo-prefill-min-tokens`) prefills alone,
+    chunk by chunk, and no prompt pass recomputes it; a short prompt of the same burst is still
+    prefilled in a shared batch and verified by a prompt pass. Each path is a function of the
+    request alone: both give bitwise their output alone, under load and mixed together."""
+    url = batched_server.url
+    long_ids = random_ids(11, SOLO_MIN + 20)
+    below_ids = random_ids(12, SOLO_MIN - 1)
+
+    def run(ids):
+        return generate(url, None, det=True, max_new_tokens=12, extra={"input_ids": ids})
+
+    before = llm42_stats(url)
+    ref_long = run(long_ids)
+    mid = llm42_stats(url)
+    assert mid["prompt_rows"] == before["prompt_rows"], "a long prompt got prompt rows"
+    assert mid["steps_det_prefill"] >= before["steps_det_prefill"] + -(-len(long_ids) // CHUNK)
+    ref_below = run(below_ids)
+    after = llm42_stats(url)
+    assert after["steps_det_prefill"] == mid["steps_det_prefill"], "one token short: batched"
+    assert after["prompt_rows"] >= mid["prompt_rows"] + -(-len(below_ids) // WINDOW), after
+    ref_short = _det(url, PROMPTS[0], n=12)
+    outs = concurrently([lambda: run(long_ids), lambda: run(below_ids),
+                         lambda: _det(url, PROMPTS[0], n=12)] + background_requests(url, 8))
+    for ref, got, what in zip((ref_long, ref_below, ref_short), outs, ("long", "below", "short")):
+        assert_same(ref, got, f"{what} prompt under load")
 
 
 def test_abort_all_mid_prompt_pass_leaks_nothing(batched_server):

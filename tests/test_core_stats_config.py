@@ -113,6 +113,9 @@ CONFIG_ERRORS = [
     ({"inject_mismatch_rate": math.nan}, None, "--llm42-inject-mismatch-rate"),  # NaN
     ({"max_verify_wait": -1}, None, "--llm42-max-verify-wait must be in [0, window size), got -1"),
     ({"window_size": 8, "max_verify_wait": 8}, None, "got 8 with --llm42-window-size 8"),
+    ({"solo_prefill_min_tokens": -1}, None, "--llm42-solo-prefill-min-tokens must be >= 0"),
+    ({"solo_prefill_min_tokens": 512, "batched_prefill": False}, None,
+     "drop --no-llm42-batched-prefill"),  # a threshold between two paths, one of them off
 ]
 
 
@@ -142,3 +145,24 @@ def test_verify_wait_default_is_a_quarter_window() -> None:
     assert Llm42Config(window_size=64).verify_wait_steps == 16
     assert Llm42Config(window_size=3).verify_wait_steps == 0
     assert Llm42Config(window_size=64, max_verify_wait=0).verify_wait_steps == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "threshold"),
+    [
+        ({}, 1024),  # long prompts alone, short ones verified by prompt passes
+        ({"solo_prefill_min_tokens": 300}, 300),
+        ({"solo_prefill_min_tokens": 0}, None),  # every prompt batched
+        ({"prefix_cache": True}, None),  # long shared prefixes are what the cache is for
+        ({"prefix_cache": True, "solo_prefill_min_tokens": 2000}, 2000),
+        ({"batched_prefill": False}, 0),  # every prompt alone
+    ],
+)
+def test_which_deterministic_prefills_run_alone(kwargs, threshold) -> None:
+    config = Llm42Config(**kwargs)
+    config.validate()
+    assert config.solo_prefill_threshold == threshold
+    for n in (1, 299, 300, 1023, 1024, 5000):
+        alone = threshold is not None and n >= threshold
+        assert config.prefills_alone(n, wants_prompt_logprobs=False) is alone, n
+        assert config.prefills_alone(n, wants_prompt_logprobs=True) is True, n

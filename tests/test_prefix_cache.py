@@ -7,13 +7,12 @@ that reused unverified KV, or a prompt pass that rewrote shared rows, would show
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import requests
 
 from conftest import WINDOW, wait_idle_and_healthy
 from helpers import assert_same, background_requests, concurrently, generate, llm42_stats
+from helpers import random_ids as _ids
 
 pytestmark = pytest.mark.server
 
@@ -21,11 +20,6 @@ CASES = [
     pytest.param(dict(temperature=0.0), id="greedy"),
     pytest.param(dict(temperature=0.8, seed=5), id="t0.8-seeded"),
 ]
-
-
-def _ids(seed: int, n: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(100, 40_000) for _ in range(n)]
 
 
 def _det(url, ids, **case):

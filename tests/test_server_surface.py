@@ -31,7 +31,8 @@ def _model_args(model: str) -> list[str]:
 
 FLAGS = ("--enable-llm42", "--llm42-window-size", "--llm42-verify-batch-size",
          "--llm42-inject-mismatch-rate", "--llm42-skip-compare", "--llm42-max-verify-wait",
-         "--llm42-batched-prefill", "--no-llm42-batched-prefill")
+         "--llm42-batched-prefill", "--no-llm42-batched-prefill",
+         "--llm42-solo-prefill-min-tokens")
 BAD_FLAGS = [
     (["--llm42-window-size", "0"], "--llm42-window-size"),  # zero window
     (["--llm42-window-size", "-3"], "--llm42-window-size"),  # negative window
@@ -42,9 +43,12 @@ BAD_FLAGS = [
      "--llm42-max-verify-wait"),  # a wait of a whole window
     (["--no-llm42-batched-prefill", "--llm42-prefix-cache"],
      "--no-llm42-batched-prefill"),  # prefix sharing needs prompt passes
+    (["--llm42-solo-prefill-min-tokens", "-1"], "--llm42-solo-prefill-min-tokens"),
+    (["--no-llm42-batched-prefill", "--llm42-solo-prefill-min-tokens", "512"],
+     "--no-llm42-batched-prefill"),  # a threshold between paths, with one path left
 ]
 GOOD_FLAGS = ["--llm42-window-size", "16", "--llm42-verify-batch-size", "2",
-              "--llm42-max-verify-wait", "3"]
+              "--llm42-max-verify-wait", "3", "--llm42-solo-prefill-min-tokens", "300"]
 
 # What `python -m sglang.launch_server` runs before it starts anything (sglang/launch_server.py):
 # load the `sglang.srt.plugins` entry points (llm42's hooks on ServerArgs.add_cli_args and
@@ -67,7 +71,8 @@ for argv in json.loads(sys.argv[1]):
             args = launcher.prepare_server_args(argv)
             res = {"code": "accepted", "llm42": {k: getattr(args, k, None) for k in (
                 "enable_llm42", "llm42_window_size", "llm42_verify_batch_size",
-                "llm42_max_verify_wait", "disable_overlap_schedule", "sampling_backend")}}
+                "llm42_max_verify_wait", "llm42_solo_prefill_min_tokens",
+                "disable_overlap_schedule", "sampling_backend")}}
         except SystemExit as exc:
             res = {"code": exc.code}
     results.append({**res, "stdout": out.getvalue(), "stderr": err.getvalue()})
@@ -101,6 +106,7 @@ def test_good_flag_values_reach_the_server_args(parsed_launch_args):
     assert good["code"] == "accepted", good["stderr"][-2000:]
     assert good["llm42"] == {"enable_llm42": True, "llm42_window_size": 16,
                              "llm42_verify_batch_size": 2, "llm42_max_verify_wait": 3,
+                             "llm42_solo_prefill_min_tokens": 300,
                              "disable_overlap_schedule": False, "sampling_backend": "pytorch"}
 
 

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Prompts this long or longer prefill alone by default (see Llm42Config.solo_prefill_threshold):
+# 16 rows of W = 64, two full B = 8 passes, cost about as much as a solo prefill of 1,024 tokens.
+DEFAULT_SOLO_PREFILL_MIN_TOKENS = 1024
+
 
 @dataclass(frozen=True)
 class Llm42Config:
@@ -21,6 +25,31 @@ class Llm42Config:
     max_verify_wait: int | None = None  # --llm42-max-verify-wait; None: W // 4
     batched_prefill: bool = True  # --[no-]llm42-batched-prefill
     prefix_cache: bool = False  # --llm42-prefix-cache
+    solo_prefill_min_tokens: int | None = None  # --llm42-solo-prefill-min-tokens; None: auto
+
+    @property
+    def solo_prefill_threshold(self) -> int | None:
+        """Prompt length from which a deterministic prefill runs alone; None: never (every prompt
+        is verified by prompt passes).
+
+        A prompt pass recomputes a prompt already prefilled on the fast path, in rows of W tokens
+        at the per-pass cost of a small eager forward: cheap for short prompts, which would waste
+        a prefill batch of their own, but about twice the work of a solo prefill for long ones
+        (H200, ArXiv-like prompts, ratio 1.0: 0.80x SGLang's deterministic mode batched, 1.56x
+        solo). With the prefix cache every prompt is batched by default, so that long shared
+        prefixes are reused."""
+        if not self.batched_prefill:
+            return 0
+        if self.solo_prefill_min_tokens is None:
+            return None if self.prefix_cache else DEFAULT_SOLO_PREFILL_MIN_TOKENS
+        return self.solo_prefill_min_tokens or None
+
+    def prefills_alone(self, num_prompt_tokens: int, wants_prompt_logprobs: bool) -> bool:
+        """Whether a deterministic request prefills in a batch of its own instead of being
+        verified by prompt passes; a function of the request alone, so each request always takes
+        the same (deterministic) path. Prompt logprobs come only from a prefill."""
+        threshold = self.solo_prefill_threshold
+        return wants_prompt_logprobs or (threshold is not None and num_prompt_tokens >= threshold)
 
     @property
     def verify_wait_steps(self) -> int:
@@ -48,6 +77,17 @@ class Llm42Config:
                 f"--llm42-max-verify-wait must be in [0, window size), got "
                 f"{self.max_verify_wait} with --llm42-window-size {self.window_size}"
             )
+        if self.solo_prefill_min_tokens is not None:
+            if self.solo_prefill_min_tokens < 0:
+                raise ValueError(
+                    f"--llm42-solo-prefill-min-tokens must be >= 0 (0: never alone), got "
+                    f"{self.solo_prefill_min_tokens}"
+                )
+            if not self.batched_prefill:
+                raise ValueError(
+                    "--llm42-solo-prefill-min-tokens chooses between solo and batched "
+                    "prefill: drop --no-llm42-batched-prefill (which prefills every prompt alone)"
+                )
         if self.prefix_cache and not self.batched_prefill:
             raise ValueError(
                 "--llm42-prefix-cache shares prompt KV written by prompt passes: drop "

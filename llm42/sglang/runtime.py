@@ -53,6 +53,7 @@ class Llm42Runtime:
             overlap_schedule=self.overlap,
             batched_prefill=self.config.batched_prefill,
             prefix_cache=self.config.prefix_cache,
+            solo_prefill_min_tokens=self.config.solo_prefill_threshold,
             # Dummy rows reuse SGLang's reserved padding row 0 / slot 0: no extra KV.
             reserved_kv_tokens=0,
         )

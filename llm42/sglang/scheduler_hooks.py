@@ -2,9 +2,10 @@
 
 Flow for a deterministic request, in SGLang's normal and overlap event loops alike:
   1. prefill runs in any batch (batched prefill, the default) and a prompt pass (window -1, rows
-     of W prompt tokens) later recomputes the prompt's KV and verifies o_0 like a candidate; with
-     `--no-llm42-batched-prefill` (or prompt logprobs) it runs in a batch of its own
-     (`prefill_batch_hook`), so o_0 depends on the request only;
+     of W prompt tokens) later recomputes the prompt's KV and verifies o_0 like a candidate; a
+     long prompt (`--llm42-solo-prefill-min-tokens`), one asking for prompt logprobs, or any with
+     `--no-llm42-batched-prefill` runs in a batch of its own (`prefill_batch_hook`), so o_0
+     depends on the request only;
   2. decode steps append candidates on the shared fast path; `output_ids_through_stop` shows
      the detokenizer only the verified prefix, and a finish (EOS, stop, length) is deferred
      until the tokens that caused it are verified (`update_finish_state_hook`);
@@ -263,15 +264,17 @@ def stash_chunked_hook(original, scheduler, req):
 def _prefills_alone(rt, req) -> bool:
     """Deterministic and prefilled in a batch of its own; fixes `verify_prompt` on first sight.
 
-    A request asking for prompt logprobs always prefills alone: the prompt pass gives o_0 and
-    the prompt's KV, not the prompt's logprobs."""
+    Long prompts (`Llm42Config.solo_prefill_threshold`) prefill alone, being cheaper so than
+    recomputed by prompt passes, and so does a request asking for prompt logprobs: the prompt
+    pass gives o_0 and the prompt's KV, not the prompt's logprobs."""
     state = det_state(req) if req is not None else None
     if state is None:
         return False
     if state.num_output_tokens == 0 and state.num_restarts == 0:
         wants_prompt_logprobs = req.return_logprob and 0 <= req.logprob_start_len < len(
             req.origin_input_ids)
-        state.verify_prompt = rt.config.batched_prefill and not wants_prompt_logprobs
+        state.verify_prompt = not rt.config.prefills_alone(
+            len(req.origin_input_ids), wants_prompt_logprobs)
         if state.verify_prompt and rt.config.prefix_cache:
             req.extra_key = prefix_cache.namespace(rt.config)  # its prompt KV will be verified
     return not state.verify_prompt
@@ -288,8 +291,6 @@ def sampling_info_hook(result, cls, batch, vocab_size, *args, **kwargs):
     setting the tensor keeps SGLang's merge/filter of batches aligned."""
     if runtime.RUNTIME is None or result.sampling_seed is not None:
         return result
-    import torch
-
     seeds = []
     for req in batch.reqs:
         if det_state(req) is not None or req.sampling_params.sampling_seed is not None:
@@ -298,7 +299,11 @@ def sampling_info_hook(result, cls, batch, vocab_size, *args, **kwargs):
             if getattr(req, "_llm42_noise_seed", None) is None:
                 req._llm42_noise_seed = random.getrandbits(62)
             seeds.append(req._llm42_noise_seed)
-    result.sampling_seed = torch.tensor(seeds, dtype=torch.int64, device=batch.device)
+    # Pinned and non-blocking, as SGLang copies its own sampling tensors: a blocking copy on
+    # the overlap loop's schedule stream waits for the forward in flight.
+    pin = torch.cuda.is_available() and str(batch.device).startswith("cuda")
+    result.sampling_seed = torch.tensor(seeds, dtype=torch.int64, pin_memory=pin).to(
+        batch.device, non_blocking=True)
     return result
 
 

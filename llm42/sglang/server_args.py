@@ -20,6 +20,7 @@ FLAG_DEFAULTS = {
     "llm42_max_verify_wait": None,
     "llm42_batched_prefill": True,
     "llm42_prefix_cache": False,
+    "llm42_solo_prefill_min_tokens": None,
 }
 
 
@@ -59,6 +60,14 @@ def add_cli_args_hook(original, parser: argparse.ArgumentParser):
         "verify their prompt in fixed-shape passes (default); --no-llm42-batched-prefill gives "
         "each deterministic prefill a batch of its own. Requests asking for prompt logprobs are "
         "always prefilled alone.",
+    )
+    group.add_argument(
+        "--llm42-solo-prefill-min-tokens",
+        type=int,
+        default=FLAG_DEFAULTS["llm42_solo_prefill_min_tokens"],
+        help="With batched prefill: deterministic prompts of this many tokens or more prefill in "
+        "a batch of their own instead of being recomputed by prompt passes (cheaper for long "
+        "prompts); 0: every prompt is batched. Default: 1024, or 0 with --llm42-prefix-cache.",
     )
     group.add_argument(
         "--llm42-prefix-cache",
@@ -118,6 +127,7 @@ def config_from_values(values: dict, seed: int | None) -> Llm42Config:
         max_verify_wait=values["llm42_max_verify_wait"],
         batched_prefill=values["llm42_batched_prefill"],
         prefix_cache=values["llm42_prefix_cache"],
+        solo_prefill_min_tokens=values["llm42_solo_prefill_min_tokens"],
     )
 
 
