@@ -125,6 +125,21 @@ def _count_lines(path: Path) -> int:
         return sum(1 for line in f if line.strip())
 
 
+def summarize_timeline(folder: Path) -> None:
+    """timeline.md/.json/.png next to the server's step timeline; a failure only warns."""
+    import contextlib
+    import io
+
+    from benchmarks import timeline
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            code = timeline.main([str(folder), "--out-dir", str(folder)])
+        print(f"[driver] step timeline: {folder / 'timeline.md'} (exit {code})", flush=True)
+    except Exception as exc:  # noqa: BLE001 - the benchmark rows matter more than the profile
+        print(f"[driver] warning: step timeline of {folder} not summarized: {exc!r}", flush=True)
+
+
 def _with_ratio(cfg: ServerConfig, ratio: float) -> ServerConfig:
     return ServerConfig(cfg.label, cfg.config, cfg.flags, [ratio], cfg.meta)
 
@@ -253,6 +268,9 @@ class Driver:
         from llm42.server_process import SGLangServer, SGLangServerError, SGLangServerTimeout
 
         flags = self.server_args + cfg.flags
+        timeline = self.out / f"timeline_{cfg.label}"
+        if self.args.timeline and cfg.config == "llm42":
+            flags = flags + ["--llm42-timeline-dir", str(timeline)]
         if self.time_left() < self.args.min_config_s:
             self.skip_rows(cfg, f"not run: time budget (--budget-s {self.args.budget_s}) spent",
                            "")
@@ -281,6 +299,8 @@ class Driver:
                     self.bench(cfg, server.url, wl, ratio)
         finally:
             server.stop()
+            if timeline.is_dir():
+                summarize_timeline(timeline)
 
     def run(self) -> None:
         for cfg in server_configs(self.args):
@@ -321,6 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --budget-s: least time left to start another server")
     p.add_argument("--min-run-s", type=float, default=30.0,
                    help="with --budget-s: least time left to start another benchmark")
+    p.add_argument("--timeline", action="store_true",
+                   help="llm42 servers record a step timeline (--llm42-timeline-dir) into "
+                        "OUT/timeline_LABEL/, summarized there when the server stops")
     p.add_argument("--report-only", action="store_true",
                    help="only regenerate table.md and the plots from --out-dir/results.jsonl")
     return p

@@ -352,7 +352,7 @@ def test_driver_configs_map_to_server_flags():
 
 # -- GPU host helper ---------------------------------------------------------------------------
 def test_gpu_suite_dry_run_hands_the_driver_arguments_it_accepts(tmp_path):
-    """The suite's shell plumbing (LLM42_ARGS variants, BENCH_CONFIGS, PREFILL_GRAPHS) checked
+    """The suite's shell plumbing (LLM42_ARGS variants, BENCH_CONFIGS, PREFILL_GRAPHS, TIMELINE) checked
     without a GPU: its driver command lines must parse and give one server per variant."""
     from benchmarks import driver
 
@@ -360,6 +360,7 @@ def test_gpu_suite_dry_run_hands_the_driver_arguments_it_accepts(tmp_path):
     env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
            "RUN_DIR": str(tmp_path / "run"), "JIT_CACHE": str(tmp_path / "none.tar.gz"),
            "BENCH_CONFIGS": "nondet,llm42", "DET_RATIOS": "0.1", "PREFILL_GRAPHS": "1",
+           "TIMELINE": "1",
            "LLM42_ARGS": ";--llm42-max-verify-wait 48;--no-llm42-batched-prefill"}
     subprocess.run(["bash", str(suite), "bench-sharegpt", "online"], env=env, check=True,
                    capture_output=True, timeout=120)
@@ -371,6 +372,7 @@ def test_gpu_suite_dry_run_hands_the_driver_arguments_it_accepts(tmp_path):
         args = driver.build_parser().parse_args(argv)
         configs = driver.server_configs(args)
         assert "--cuda-graph-backend-prefill=disabled" not in args.server_args
+        assert args.timeline
         llm42 = [c for c in configs if c.config == "llm42"]
         assert [c.label for c in llm42] == [
             "llm42-w64", "llm42-w64-max-verify-wait48", "llm42-w64-no-batched-prefill"]
@@ -445,6 +447,46 @@ def test_driver_runs_every_workload_on_each_server_start(tmp_path, monkeypatch):
         rows = [ln for ln in table.splitlines() if ln.startswith(f"| {dataset}")]
         assert len(rows) == 3 and sum("1.000x" in ln for ln in rows) == 1, rows
         assert sum("0.800x" in ln for ln in rows) == 1, "llm42 normalised to its workload's nondet"
+
+
+def test_driver_timeline_records_llm42_servers_and_summarizes_them(tmp_path, monkeypatch):
+    """--timeline: llm42 servers (only) get --llm42-timeline-dir OUT/timeline_LABEL, and what
+    they wrote there is summarized (timeline.md) once the server stopped."""
+    from benchmarks import driver
+    from llm42 import server_process
+
+    started = []
+
+    class FakeServer:
+        def __init__(self, model_path, flags, **kwargs):
+            self.flags, self.url = list(flags), "http://fake"
+            self.args = [sys.executable, "-m", "sglang.launch_server", *self.flags]
+
+        def start(self):
+            started.append(self.flags)
+            if "--llm42-timeline-dir" in self.flags:  # what the scheduler process would write
+                folder = Path(self.flags[self.flags.index("--llm42-timeline-dir") + 1])
+                folder.mkdir(parents=True)
+                (folder / "timeline-1.jsonl").write_text("\n".join(json.dumps(r) for r in [
+                    {"t": 0.0, "dt": 0.01, "kind": "decode", "passes": 0, "verify_s": 0.0},
+                    {"t": 0.01, "dt": 0.02, "kind": "decode", "passes": 1, "verify_s": 0.015},
+                ]) + "\n")
+
+        def stop(self):
+            assert not (tmp_path / "timeline_llm42-w8" / "timeline.md").exists(), "too early"
+
+    monkeypatch.setattr(server_process, "SGLangServer", FakeServer)
+    monkeypatch.setattr(driver.Driver, "bench", lambda *a: None)
+    monkeypatch.setattr(driver.report, "write_report", lambda *a: [])
+    (tmp_path / "results.jsonl").write_text("")
+    (tmp_path / "table.md").write_text("")
+    assert driver.main(["--model-path", "m", "--out-dir", str(tmp_path), "--timeline",
+                        "--configs", "nondet,llm42", "--det-ratios", "0.1",
+                        "--window-sizes", "8"]) == 0
+    assert "--llm42-timeline-dir" not in started[0]
+    assert started[1][-2:] == ["--llm42-timeline-dir", str(tmp_path / "timeline_llm42-w8")]
+    summary = (tmp_path / "timeline_llm42-w8" / "timeline.md").read_text()
+    assert "1 decode gaps" in summary and "| verify | 1 |" in summary, summary
 
 
 def test_driver_names_a_startup_timeout_not_a_log_line(tmp_path, monkeypatch):

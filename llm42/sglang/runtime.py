@@ -7,11 +7,14 @@ the simplest owner; hooks on frozen SGLang dataclasses (the batch result process
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llm42.core.config import Llm42Config
 from llm42.core.injection import MismatchInjector
 from llm42.core.stats import Llm42Stats
+from llm42.core.timeline import StepTimeline
 
 if TYPE_CHECKING:
     from sglang.srt.managers.scheduler import Scheduler
@@ -35,6 +38,11 @@ class Llm42Runtime:
         self.overlap = bool(getattr(scheduler, "enable_overlap", False))
         self.step_started: float | None = None  # when the running scheduler iteration began
         self.step_kind: str | None = None  # kind of the batch it launched (None: idle)
+        self.timeline = None
+        if config.timeline_dir:
+            path = Path(config.timeline_dir) / f"timeline-{os.getpid()}.jsonl"
+            self.timeline = StepTimeline(path)
+            logger.info("llm42 step timeline: %s", path)
         self.metrics = None
         if getattr(scheduler, "enable_metrics", False):
             from llm42.sglang.metrics import Llm42Metrics
@@ -54,6 +62,7 @@ class Llm42Runtime:
             batched_prefill=self.config.batched_prefill,
             prefix_cache=self.config.prefix_cache,
             solo_prefill_min_tokens=self.config.solo_prefill_threshold,
+            timeline=str(self.timeline.path) if self.timeline is not None else None,
             # Dummy rows reuse SGLang's reserved padding row 0 / slot 0: no extra KV.
             reserved_kv_tokens=0,
         )

@@ -354,11 +354,27 @@ def next_batch_hook(original, scheduler, running_batch, last_batch):
     now = time.perf_counter()
     if rt.step_kind is not None:
         rt.stats.observe_step(rt.step_kind, now - rt.step_started)
+    if rt.timeline is not None:
+        rt.timeline.begin(now)
     if running_batch is not None and running_batch.reqs:
         _verify_due(rt, scheduler, running_batch)
     plan = original(scheduler, running_batch, last_batch)
-    rt.step_started, rt.step_kind = time.perf_counter(), _step_kind(plan.batch_to_run)
+    batch = plan.batch_to_run
+    rt.step_started, rt.step_kind = time.perf_counter(), _step_kind(batch)
+    if rt.timeline is not None:
+        _record_launch(rt.timeline, rt.step_kind, scheduler, batch)
     return plan
+
+
+def _record_launch(timeline, kind, scheduler, batch) -> None:
+    reqs = len(batch.reqs) if kind is not None else 0
+    tokens = reqs
+    if kind in ("prefill", "det_prefill"):
+        tokens = int(getattr(batch, "extend_num_tokens", None) or 0)
+    running = getattr(scheduler, "running_batch", None)
+    timeline.launched(kind, reqs=reqs, tokens=tokens,
+                      running=len(running.reqs) if running is not None else 0,
+                      queued=len(scheduler.waiting_queue))
 
 
 def _step_kind(batch) -> str | None:
@@ -419,7 +435,10 @@ def _drain(scheduler) -> bool:
     pending_batch, pending_result = queue.popleft()
     scheduler.process_batch_result(pending_batch, pending_result)
     queue.appendleft((pending_batch, DRAINED))
-    runtime.RUNTIME.stats.observe_early_result()
+    rt = runtime.RUNTIME
+    rt.stats.observe_early_result()
+    if rt.timeline is not None:
+        rt.timeline.observe_drain()
     return True
 
 
@@ -439,6 +458,8 @@ def _verify(rt, scheduler, batch, jobs) -> None:
                               vpass.num_prompt_rows)
         if rt.metrics is not None:
             rt.metrics.observe_pass(vpass.num_real_rows, vpass.num_pad_rows, seconds)
+        if rt.timeline is not None:
+            rt.timeline.observe_pass(vpass.num_real_rows, vpass.num_prompt_rows, seconds)
         for (req, decides), res in zip(mine, results):
             if decides:
                 _apply(rt, scheduler, batch, req, res)
@@ -527,4 +548,6 @@ def set_internal_state_hook(original, scheduler, recv_req):
 
     if runtime.RUNTIME is not None:
         runtime.RUNTIME.stats.reset()
+        if runtime.RUNTIME.timeline is not None:
+            runtime.RUNTIME.timeline.event("reset")
     return SetInternalStateReqOutput(updated=runtime.RUNTIME is not None)

@@ -21,6 +21,7 @@ FLAG_DEFAULTS = {
     "llm42_batched_prefill": True,
     "llm42_prefix_cache": False,
     "llm42_solo_prefill_min_tokens": None,
+    "llm42_timeline_dir": None,
 }
 
 
@@ -76,6 +77,13 @@ def add_cli_args_hook(original, parser: argparse.ArgumentParser):
         "through SGLang's radix cache, in whole rows of W tokens (needs the radix cache on).",
     )
     group.add_argument(
+        "--llm42-timeline-dir",
+        default=FLAG_DEFAULTS["llm42_timeline_dir"],
+        help="Profiling: each scheduler process appends one JSON line per scheduler iteration "
+        "(batch launched, verification passes, duration) to DIR/timeline-<pid>.jsonl; "
+        "`python -m benchmarks.timeline DIR` summarizes them.",
+    )
+    group.add_argument(
         "--llm42-inject-mismatch-rate",
         type=float,
         default=FLAG_DEFAULTS["llm42_inject_mismatch_rate"],
@@ -128,6 +136,7 @@ def config_from_values(values: dict, seed: int | None) -> Llm42Config:
         batched_prefill=values["llm42_batched_prefill"],
         prefix_cache=values["llm42_prefix_cache"],
         solo_prefill_min_tokens=values["llm42_solo_prefill_min_tokens"],
+        timeline_dir=values["llm42_timeline_dir"],
     )
 
 

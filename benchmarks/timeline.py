@@ -1,0 +1,193 @@
+"""Step timelines (`--llm42-timeline-dir`) -> where the time between decode steps goes.
+
+    python -m benchmarks.timeline DIR_OR_FILES... --out-dir out/    # timeline.md/.json/.png
+
+A running request gets one token per decode step, so its inter-token latency is the gap between
+two decode launches. Each gap is classed by what ran inside it: nothing but the decode step
+(`decode`), a prefill batch (`prefill`), verification passes (`verify`), or both. The table gives
+each class's share of gaps and of time and its gap percentiles; `gap - verify` is the gap with its
+passes' time taken out, a first-order estimate of the latency without verification. Each file
+(one per scheduler process) is split into segments at its "reset" events (the benchmark client
+resets llm42's stats after its warmup, once per run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+CLASSES = ("decode", "prefill", "verify", "prefill+verify")
+PREFILL_KINDS = ("prefill", "det_prefill")
+
+
+def load_segments(path: Path) -> list[list[dict]]:
+    """Iteration records of one timeline file, split at its events (empty segments dropped)."""
+    segments: list[list[dict]] = [[]]
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            if "event" in rec:
+                segments.append([])
+            else:
+                segments[-1].append(rec)
+    return [sorted(s, key=lambda r: r["t"]) for s in segments if s]
+
+
+def decode_gaps(records: list[dict]) -> list[dict]:
+    """One entry per pair of consecutive decode launches: its length and what ran inside.
+
+    Passes at the top of the later decode's iteration ran before it launched, so they are inside
+    the gap; those of the earlier one ran before the gap began."""
+    decodes = [i for i, r in enumerate(records) if r.get("kind") == "decode"]
+    gaps = []
+    for a, b in itertools.pairwise(decodes):
+        inside = records[a + 1 : b + 1]
+        prefill = any(r.get("kind") in PREFILL_KINDS for r in inside[:-1])
+        verify_s = sum(r.get("verify_s", 0.0) for r in inside)
+        passes = sum(r.get("passes", 0) for r in inside)
+        cls = "prefill+verify" if prefill and passes else (
+            "prefill" if prefill else "verify" if passes else "decode")
+        gaps.append({"t": records[a]["t"], "gap_s": records[b]["t"] - records[a]["t"],
+                     "verify_s": verify_s, "passes": passes, "class": cls})
+    return gaps
+
+
+def _ms(values, q) -> float | None:
+    return round(float(np.percentile(values, q)) * 1000, 2) if len(values) else None
+
+
+def summarize(records: list[dict]) -> dict:
+    gaps = decode_gaps(records)
+    total_gap = sum(g["gap_s"] for g in gaps)
+    classes = {}
+    for cls in CLASSES:
+        mine = [g["gap_s"] for g in gaps if g["class"] == cls]
+        classes[cls] = {
+            "gaps": len(mine),
+            "gap_share": round(len(mine) / len(gaps), 4) if gaps else None,
+            "time_share": round(sum(mine) / total_gap, 4) if total_gap else None,
+            "p50_ms": _ms(mine, 50), "p90_ms": _ms(mine, 90), "p99_ms": _ms(mine, 99),
+        }
+    kinds = {}
+    for rec in records:
+        k = kinds.setdefault(rec.get("kind") or "none", {"iterations": 0, "seconds": 0.0})
+        k["iterations"] += 1
+        k["seconds"] += rec.get("dt", 0.0)
+    all_gaps = [g["gap_s"] for g in gaps]
+    passes = sum(r.get("passes", 0) for r in records)
+    verify_s = sum(r.get("verify_s", 0.0) for r in records)
+    span = (records[-1]["t"] + records[-1].get("dt", 0.0) - records[0]["t"]) if records else 0.0
+    return {
+        "span_s": round(span, 3),
+        "decode_gaps": len(gaps),
+        "gap_p50_ms": _ms(all_gaps, 50), "gap_p90_ms": _ms(all_gaps, 90),
+        "gap_p99_ms": _ms(all_gaps, 99),
+        "gap_minus_verify_p99_ms": _ms([g["gap_s"] - g["verify_s"] for g in gaps], 99),
+        "classes": classes,
+        "iterations": {k: {"iterations": v["iterations"], "seconds": round(v["seconds"], 3),
+                           "mean_ms": round(v["seconds"] / v["iterations"] * 1000, 2)}
+                       for k, v in sorted(kinds.items())},
+        "verify_passes": passes,
+        "verify_s": round(verify_s, 3),
+        "verify_pass_mean_ms": round(verify_s / passes * 1000, 2) if passes else None,
+        "verify_share_of_span": round(verify_s / span, 4) if span else None,
+        "drained_iterations": sum(1 for r in records if r.get("drained")),
+        "max_running": max((r.get("running", 0) for r in records), default=0),
+        "max_queued": max((r.get("queued", 0) for r in records), default=0),
+    }
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def markdown(summaries: dict[str, dict]) -> str:
+    out = ["# Step timelines", ""]
+    for name, s in summaries.items():
+        out += [f"## {name}", "",
+                (f"span {s['span_s']} s, {s['decode_gaps']} decode gaps: p50 / p90 / p99 "
+                 f"{_fmt(s['gap_p50_ms'])} / {_fmt(s['gap_p90_ms'])} / {_fmt(s['gap_p99_ms'])} ms "
+                 f"(p99 without the passes' time: {_fmt(s['gap_minus_verify_p99_ms'])} ms); "
+                 f"{s['verify_passes']} verification passes, {s['verify_s']} s "
+                 f"({_fmt(s['verify_pass_mean_ms'])} ms each, "
+                 f"{_fmt(s['verify_share_of_span'])} of the span), "
+                 f"{s['drained_iterations']} early result drains; running up to "
+                 f"{s['max_running']}, queued up to {s['max_queued']}."), "",
+                "| gap holds | gaps | share of gaps | share of time | p50 / p90 / p99 (ms) |",
+                "|---|---|---|---|---|"]
+        for cls, c in s["classes"].items():
+            out.append(f"| {cls} | {c['gaps']} | {_fmt(c['gap_share'])} | "
+                       f"{_fmt(c['time_share'])} | {_fmt(c['p50_ms'])} / {_fmt(c['p90_ms'])} / "
+                       f"{_fmt(c['p99_ms'])} |")
+        out += ["", "| iteration launched | iterations | seconds | mean (ms) |", "|---|---|---|---|"]
+        for kind, k in s["iterations"].items():
+            out.append(f"| {kind} | {k['iterations']} | {k['seconds']} | {k['mean_ms']} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def plot(named_records: dict[str, list[dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(named_records), 1, figsize=(10, 3.2 * len(named_records)),
+                             squeeze=False)
+    for ax, (name, records) in zip(axes[:, 0], named_records.items()):
+        gaps = decode_gaps(records)
+        for cls in CLASSES:
+            mine = [g for g in gaps if g["class"] == cls]
+            if mine:
+                ax.scatter([g["t"] for g in mine], [g["gap_s"] * 1000 for g in mine], s=4,
+                           label=f"{cls} ({len(mine)})")
+        ax.set_yscale("log")
+        ax.set_xlabel("time (s)")
+        ax.set_ylabel("gap between decode steps (ms)")
+        ax.set_title(name, fontsize=9)
+        ax.legend(fontsize=7, markerscale=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _files(inputs: list[str]) -> list[Path]:
+    files: list[Path] = []
+    for item in map(Path, inputs):
+        files += sorted(item.glob("timeline-*.jsonl")) if item.is_dir() else [item]
+    return files
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("inputs", nargs="+", help="timeline files or directories holding them")
+    p.add_argument("--out-dir", default=None, help="write timeline.md/.json/.png here")
+    args = p.parse_args(argv)
+    named: dict[str, list[dict]] = {}
+    for path in _files(args.inputs):
+        for i, segment in enumerate(load_segments(path)):
+            named[f"{path.stem} segment {i}"] = segment
+    if not named:
+        print(f"no timeline records in {args.inputs}", file=sys.stderr)
+        return 1
+    summaries = {name: summarize(recs) for name, recs in named.items()}
+    text = markdown(summaries)
+    print(text)
+    if args.out_dir:
+        out = Path(args.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "timeline.md").write_text(text, encoding="utf-8")
+        (out / "timeline.json").write_text(json.dumps(summaries, indent=1), encoding="utf-8")
+        plot(named, out / "timeline.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

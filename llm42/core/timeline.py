@@ -1,0 +1,91 @@
+"""Per-iteration timeline of the scheduler loop: where the time between two decode steps goes.
+
+One JSON line per scheduler iteration that launched a batch or verified something: when it began
+(seconds since the timeline opened), how long it lasted (until the next iteration began), the kind
+and size of the batch it launched, and the verification passes that ran at its top, before the
+batch was built. Per-batch GPU times would not answer the question: in SGLang's overlap loop an
+iteration launches one batch and then processes the previous one's result, so what a running
+request waits between two of its tokens is the sum of the iterations between two decode launches.
+`benchmarks/timeline.py` turns the lines into that breakdown.
+
+    timeline = StepTimeline("/tmp/tl/timeline-123.jsonl")
+    timeline.begin(now)                    # top of an iteration (closes the previous one)
+    timeline.observe_pass(8, 3, 0.024)     # a verification pass ran
+    timeline.launched("decode", reqs=97, tokens=97, running=97, queued=4)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+
+class StepTimeline:
+    def __init__(self, path: str | Path, flush_every: int = 256, clock=time.perf_counter):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", encoding="utf-8")
+        self._flush_every = flush_every
+        self._clock = clock
+        self._t0 = clock()
+        self._open: dict | None = None  # the running iteration's record
+        self._pending: list[str] = []
+
+    def begin(self, now: float | None = None) -> None:
+        """Top of a scheduler iteration: close the previous record, open a new one."""
+        now = self._clock() if now is None else now
+        self._close(now)
+        self._open = {"t": round(now - self._t0, 6), "kind": None, "passes": 0, "rows": 0,
+                      "prompt_rows": 0, "verify_s": 0.0, "drained": False}
+
+    def observe_pass(self, num_real_rows: int, num_prompt_rows: int, seconds: float) -> None:
+        if self._open is not None:
+            self._open["passes"] += 1
+            self._open["rows"] += num_real_rows
+            self._open["prompt_rows"] += num_prompt_rows
+            self._open["verify_s"] = round(self._open["verify_s"] + seconds, 6)
+
+    def observe_drain(self) -> None:
+        """The overlap loop's in-flight result was processed early, before a pass."""
+        if self._open is not None:
+            self._open["drained"] = True
+
+    def launched(self, kind: str | None, *, reqs: int, tokens: int, running: int,
+                 queued: int) -> None:
+        """What the iteration launched (None: nothing, the loop is idle or waiting)."""
+        rec = self._open
+        if rec is None:
+            return
+        if kind is None and rec["passes"] == 0:
+            self._open = None  # idle polling: not worth a line (and far too many of them)
+            self.flush()
+            return
+        rec.update(kind=kind, reqs=reqs, tokens=tokens, running=running, queued=queued)
+
+    def _close(self, now: float) -> None:
+        rec, self._open = self._open, None
+        if rec is None:
+            return
+        rec["dt"] = round(now - self._t0 - rec["t"], 6)
+        self._pending.append(json.dumps(rec, separators=(",", ":")))
+        if len(self._pending) >= self._flush_every:
+            self.flush()
+
+    def event(self, name: str) -> None:
+        """A marker line, e.g. "reset" when /reset_llm42_stats starts a benchmark run."""
+        now = self._clock()
+        self._close(now)
+        self._pending.append(json.dumps({"t": round(now - self._t0, 6), "event": name}))
+        self.flush()
+
+    def flush(self) -> None:
+        if self._pending:
+            self._file.write("\n".join(self._pending) + "\n")
+            self._pending.clear()
+        self._file.flush()
+
+    def close(self) -> None:
+        self._close(self._clock())
+        self.flush()
+        self._file.close()

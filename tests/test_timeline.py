@@ -1,0 +1,103 @@
+"""The step timeline (`--llm42-timeline-dir`): what the recorder writes and what the summary
+makes of it, on synthetic iterations and on a real CPU server's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+
+from benchmarks.timeline import decode_gaps, load_segments, main, summarize
+from llm42.core.timeline import StepTimeline
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def _iteration(tl, clock, at, kind, passes=(), reqs=4):
+    clock.now = 100.0 + at
+    tl.begin(clock.now)
+    for rows, prompt_rows, seconds in passes:
+        tl.observe_pass(rows, prompt_rows, seconds)
+    tl.launched(kind, reqs=reqs if kind else 0, tokens=reqs, running=reqs, queued=0)
+
+
+def test_recorder_writes_one_line_per_busy_iteration(tmp_path):
+    clock = Clock()
+    tl = StepTimeline(tmp_path / "t.jsonl", clock=clock)
+    _iteration(tl, clock, 0.000, "decode")
+    _iteration(tl, clock, 0.010, None)  # idle poll: no line, closes the decode at 10 ms
+    _iteration(tl, clock, 0.050, "prefill", reqs=2)
+    tl.event("reset")
+    _iteration(tl, clock, 0.070, "decode", passes=[(3, 1, 0.02), (1, 0, 0.01)])
+    tl.observe_drain()
+    _iteration(tl, clock, 0.100, "decode")
+    tl.close()
+    lines = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert [x.get("kind", x.get("event")) for x in lines] == [
+        "decode", "prefill", "reset", "decode", "decode"]
+    assert lines[0]["dt"] == pytest.approx(0.010) and lines[1]["dt"] == pytest.approx(0.0)
+    third = lines[3]
+    assert (third["passes"], third["rows"], third["prompt_rows"]) == (2, 4, 1)
+    assert third["verify_s"] == pytest.approx(0.03) and third["drained"] is True
+    assert third["dt"] == pytest.approx(0.03) and lines[4]["drained"] is False
+    assert [len(s) for s in load_segments(tmp_path / "t.jsonl")] == [2, 2]
+
+
+def _rec(t, kind, verify_s=0.0, passes=0, dt=0.0):
+    return {"t": t, "dt": dt, "kind": kind, "verify_s": verify_s, "passes": passes}
+
+
+def test_gaps_are_classed_by_what_ran_between_two_decodes():
+    records = [
+        _rec(0.00, "decode"),
+        _rec(0.01, "decode"),                      # decode only: 10 ms
+        _rec(0.02, "prefill"),
+        _rec(0.05, "decode"),                      # prefill inside: 40 ms
+        _rec(0.06, "decode", verify_s=0.02, passes=1),  # its pass ran before it: verify, 10 ms
+        _rec(0.09, "det_prefill"),
+        _rec(0.12, "decode", verify_s=0.01, passes=1),  # prefill + verify: 60 ms
+        _rec(0.13, "prefill", verify_s=0.005, passes=1),  # a pass at a prefill's top
+        _rec(0.20, "decode", dt=0.01),             # prefill + verify: 80 ms
+    ]
+    gaps = decode_gaps(records)
+    assert [(g["class"], round(g["gap_s"], 3), g["passes"]) for g in gaps] == [
+        ("decode", 0.01, 0), ("prefill", 0.04, 0), ("verify", 0.01, 1),
+        ("prefill+verify", 0.06, 1), ("prefill+verify", 0.08, 1)]
+    s = summarize(records)
+    assert s["decode_gaps"] == 5 and s["verify_passes"] == 3
+    assert s["classes"]["prefill+verify"]["gaps"] == 2
+    assert s["classes"]["prefill+verify"]["time_share"] == pytest.approx(0.14 / 0.20)
+    assert s["classes"]["verify"]["p50_ms"] == pytest.approx(10.0)
+    assert s["iterations"]["decode"]["iterations"] == 6
+    assert s["span_s"] == pytest.approx(0.21)
+
+
+@pytest.mark.server
+def test_server_timeline_matches_its_stats(llm42_server, tmp_path):
+    from conftest import wait_idle_and_healthy
+    from helpers import PROMPTS, background_requests, concurrently, generate, llm42_stats
+
+    url = llm42_server.url
+    assert requests.post(url + "/reset_llm42_stats", timeout=30).status_code == 200
+    concurrently([lambda p=p: generate(url, p, det=True, max_new_tokens=20) for p in PROMPTS]
+                 + background_requests(url, 6))
+    wait_idle_and_healthy(llm42_server)  # idle: the recorder flushes
+    stats = llm42_stats(url)
+    assert stats["verify_passes"] > 0
+    segment = load_segments(stats["timeline"])[-1]
+    assert sum(r["passes"] for r in segment) == stats["verify_passes"]
+    assert sum(r["rows"] for r in segment) == stats["verify_rows"]
+    kinds = {r["kind"] for r in segment}
+    assert {"decode", "det_prefill", "prefill"} <= kinds, kinds
+    assert main([str(stats["timeline"]), "--out-dir", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "timeline.json").read_text())
+    last = list(summary.values())[-1]  # the segment after the reset above
+    assert last["verify_passes"] == stats["verify_passes"]
+    assert (tmp_path / "timeline.png").stat().st_size > 0
