@@ -155,6 +155,25 @@ def test_select_jobs_keeps_prompt_rows_together(sizes, waits, urgent, expected) 
     assert sum(sizes[i] for i in chosen) <= 8 * max(-(-due_rows // 8), sum(sizes) // 8)
 
 
+@pytest.mark.parametrize(
+    ("sizes", "waits", "max_passes", "expected"),
+    [  # batch_size 4, max_wait 3: due at 3 steps, overdue (past any cap) at 7
+        ([1] * 9, [3] * 9, 0, list(range(9))),  # no cap: three passes at once
+        ([1] * 9, [3] * 9, 1, [0, 1, 2, 3]),  # cap 1: one pass now, the rest next steps
+        ([1] * 9, [3] * 9, 2, list(range(8))),
+        ([1] * 6 + [1] * 3, [3] * 6 + [7] * 3, 1, [6, 7, 8, 0]),  # overdue first
+        ([1] * 9, [7] * 9, 1, list(range(9))),  # all overdue: the cap gives way
+        ([9, 1], [3, 3], 1, [0]),  # a due prompt larger than the cap runs alone
+        ([9, 1], [0, 0], 1, []),  # nothing due, and the window alone would not fill a pass
+        ([9, 1], [0, 0], 0, []),
+        ([1] * 8, [0] * 8, 1, [0, 1, 2, 3]),  # two full passes, none due: one now
+    ],
+)
+def test_select_jobs_pass_cap(sizes, waits, max_passes, expected) -> None:
+    chosen = select_jobs(sizes, waits, [False] * len(sizes), 4, 3, max_passes)
+    assert chosen == expected
+
+
 def test_select_jobs_misuse_raises() -> None:
     with pytest.raises(InvariantError, match="2 waits and 1"):
         select_jobs([1, 1], [0, 1], [False], 4, 3)

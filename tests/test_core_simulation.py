@@ -109,6 +109,7 @@ def simulate(
     max_wait: int,
     corrupt_in_place: bool = False,
     verify_prompt: bool = False,
+    max_passes: int = 0,
 ):
     """verify_prompt: o_0 comes from a fast-path prefill (wrong at ``error_rate``) and is
     verified by prompt passes, which run before any window (as in the adapter)."""
@@ -139,7 +140,8 @@ def simulate(
             ready_since.setdefault(r.state.rid, step)
         chosen = select_jobs([num_job_rows(r.state) for r in waiting],
                              [step - ready_since[r.state.rid] for r in waiting],
-                             [r.state.is_finishing for r in waiting], batch_size, max_wait)
+                             [r.state.is_finishing for r in waiting], batch_size, max_wait,
+                             max_passes)
         ready = [waiting[i] for i in chosen]
         for r in ready:
             ready_since.pop(r.state.rid, None)
@@ -204,6 +206,7 @@ SIMULATIONS = st.fixed_dictionaries({
     "max_wait": st.integers(0, 7),
     "corrupt_in_place": st.booleans(),
     "verify_prompt": st.booleans(),
+    "max_passes": st.integers(0, 2),
 })
 
 

@@ -114,6 +114,7 @@ CONFIG_ERRORS = [
     ({"max_verify_wait": -1}, None, "--llm42-max-verify-wait must be in [0, window size), got -1"),
     ({"window_size": 8, "max_verify_wait": 8}, None, "got 8 with --llm42-window-size 8"),
     ({"solo_prefill_min_tokens": -1}, None, "--llm42-solo-prefill-min-tokens must be >= 0"),
+    ({"max_passes_per_step": -1}, None, "--llm42-max-passes-per-step must be >= 0"),
     ({"solo_prefill_min_tokens": 512, "batched_prefill": False}, None,
      "drop --no-llm42-batched-prefill"),  # a threshold between two paths, one of them off
 ]

@@ -32,7 +32,8 @@ def _model_args(model: str) -> list[str]:
 FLAGS = ("--enable-llm42", "--llm42-window-size", "--llm42-verify-batch-size",
          "--llm42-inject-mismatch-rate", "--llm42-skip-compare", "--llm42-max-verify-wait",
          "--llm42-batched-prefill", "--no-llm42-batched-prefill",
-         "--llm42-solo-prefill-min-tokens", "--llm42-timeline-dir")
+         "--llm42-solo-prefill-min-tokens", "--llm42-timeline-dir",
+         "--llm42-max-passes-per-step")
 BAD_FLAGS = [
     (["--llm42-window-size", "0"], "--llm42-window-size"),  # zero window
     (["--llm42-window-size", "-3"], "--llm42-window-size"),  # negative window
@@ -44,6 +45,7 @@ BAD_FLAGS = [
     (["--no-llm42-batched-prefill", "--llm42-prefix-cache"],
      "--no-llm42-batched-prefill"),  # prefix sharing needs prompt passes
     (["--llm42-solo-prefill-min-tokens", "-1"], "--llm42-solo-prefill-min-tokens"),
+    (["--llm42-max-passes-per-step", "-2"], "--llm42-max-passes-per-step"),
     (["--no-llm42-batched-prefill", "--llm42-solo-prefill-min-tokens", "512"],
      "--no-llm42-batched-prefill"),  # a threshold between paths, with one path left
 ]

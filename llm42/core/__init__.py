@@ -16,6 +16,7 @@ from llm42.core.planner import (
     build_row,
     num_job_rows,
     plan_passes,
+    overdue_wait,
     select_jobs,
 )
 from llm42.core.stats import Llm42Stats
@@ -36,5 +37,6 @@ __all__ = [
     "decide",
     "num_job_rows",
     "plan_passes",
+    "overdue_wait",
     "select_jobs",
 ]

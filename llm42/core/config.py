@@ -23,6 +23,7 @@ class Llm42Config:
     skip_compare: bool = False  # --llm42-skip-compare
     seed: int = 0  # seeds the mismatch injector
     max_verify_wait: int | None = None  # --llm42-max-verify-wait; None: W // 4
+    max_passes_per_step: int = 0  # --llm42-max-passes-per-step; 0: no cap
     batched_prefill: bool = True  # --[no-]llm42-batched-prefill
     prefix_cache: bool = False  # --llm42-prefix-cache
     solo_prefill_min_tokens: int | None = None  # --llm42-solo-prefill-min-tokens; None: auto
@@ -77,6 +78,11 @@ class Llm42Config:
             raise ValueError(
                 f"--llm42-max-verify-wait must be in [0, window size), got "
                 f"{self.max_verify_wait} with --llm42-window-size {self.window_size}"
+            )
+        if self.max_passes_per_step < 0:
+            raise ValueError(
+                f"--llm42-max-passes-per-step must be >= 0 (0: no cap), got "
+                f"{self.max_passes_per_step}"
             )
         if self.solo_prefill_min_tokens is not None:
             if self.solo_prefill_min_tokens < 0:

@@ -179,9 +179,14 @@ class VerifyPass:
         return [position for row in self.rows for position in row.positions]
 
 
+def overdue_wait(max_wait: int) -> int:
+    """Steps after which a ready job runs even past the per-step pass cap of `select_jobs`."""
+    return 2 * max_wait + 1
+
+
 def select_jobs(
     sizes: Sequence[int], waits: Sequence[int], urgent: Sequence[bool], batch_size: int,
-    max_wait: int,
+    max_wait: int, max_passes: int = 0,
 ) -> list[int]:
     """Which ready jobs to verify now, as indices, most pressing first. A job is a window (one
     row) or a prompt (``len(build_prompt_rows(...))`` rows, kept together).
@@ -192,6 +197,12 @@ def select_jobs(
     many passes as the due jobs need, and every pass that is full anyway, and fills them with
     whatever else fits; the result never depends on when a job is verified, only the padding
     and latency do.
+
+    ``max_passes`` > 0 caps the passes of one scheduler step: a burst of due jobs is then spread
+    over several decode steps instead of stalling one of them for all its passes. Jobs over the
+    cap keep waiting, except those that waited ``overdue_wait(max_wait)`` steps: they run
+    regardless, so verification cannot fall behind without bound. A job larger than the cap
+    (a long prompt) runs alone.
     """
     if not len(sizes) == len(waits) == len(urgent):
         raise InvariantError(
@@ -199,14 +210,20 @@ def select_jobs(
         )
     if any(size < 1 for size in sizes):
         raise InvariantError(f"every job has at least one row, got sizes {list(sizes)}")
-    order = sorted(range(len(waits)), key=lambda i: (not urgent[i], -waits[i], i))
+    overdue = [w >= overdue_wait(max_wait) for w in waits]
+    order = sorted(range(len(waits)), key=lambda i: (not overdue[i], not urgent[i], -waits[i], i))
     rows_due = sum(sizes[i] for i in order if urgent[i] or waits[i] >= max_wait)
     capacity = batch_size * max(-(-rows_due // batch_size), sum(sizes) // batch_size)
+    if max_passes > 0:
+        rows_overdue = sum(sizes[i] for i in order if overdue[i])
+        capacity = min(capacity, batch_size * max(max_passes, -(-rows_overdue // batch_size)))
     chosen, used = [], 0
-    for i in order:  # the due jobs come first and always fit
-        if used + sizes[i] <= capacity:
+    for i in order:  # the due jobs come first and fit, unless a pass cap holds them back
+        if used + sizes[i] <= capacity or (not chosen and (urgent[i] or waits[i] >= max_wait)):
             chosen.append(i)
             used += sizes[i]
+    if rows_due == 0 and used % batch_size:
+        return []  # nothing due and the jobs do not fill their passes (a prompt did not fit)
     return chosen
 
 

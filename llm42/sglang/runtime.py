@@ -58,6 +58,7 @@ class Llm42Runtime:
             inject_mismatch_rate=self.config.inject_mismatch_rate,
             skip_compare=self.config.skip_compare,
             max_verify_wait=self.config.verify_wait_steps,
+            max_passes_per_step=self.config.max_passes_per_step,
             overlap_schedule=self.overlap,
             batched_prefill=self.config.batched_prefill,
             prefix_cache=self.config.prefix_cache,

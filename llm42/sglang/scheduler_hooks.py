@@ -347,7 +347,8 @@ def next_batch_hook(original, scheduler, running_batch, last_batch):
     """AROUND Scheduler.get_next_batch_to_run: verify due windows before the next batch is built.
 
     A full window or a fast-path prompt waits (decoding on) until B rows fill a pass, it has
-    waited `verify_wait_steps` decode steps, or a finish depends on it (`planner.select_jobs`)."""
+    waited `verify_wait_steps` decode steps, or a finish depends on it (`planner.select_jobs`;
+    `--llm42-max-passes-per-step` spreads bursts over several steps)."""
     rt = runtime.RUNTIME
     if rt is None:
         return original(scheduler, running_batch, last_batch)
@@ -391,7 +392,7 @@ def _step_kind(batch) -> str | None:
 def _verify_due(rt, scheduler, batch) -> None:
     cfg = rt.config
     touched, drained = [], False
-    while True:
+    while not (touched and cfg.max_passes_per_step):  # under a pass cap: one round per step
         ready = [(r, st) for r in batch.reqs
                  if (st := det_state(r)) is not None and not r.finished() and st.is_ready]
         for req, _ in ready:
@@ -400,7 +401,8 @@ def _verify_due(rt, scheduler, batch) -> None:
         chosen = select_jobs([num_job_rows(st) for _, st in ready],
                              [rt.decode_step - req._llm42_ready_at for req, _ in ready],
                              [st.is_finishing for _, st in ready],
-                             cfg.verify_batch_size, cfg.verify_wait_steps)
+                             cfg.verify_batch_size, cfg.verify_wait_steps,
+                             cfg.max_passes_per_step)
         if not chosen:
             break
         if not drained:

@@ -18,6 +18,7 @@ FLAG_DEFAULTS = {
     "llm42_inject_mismatch_rate": 0.0,
     "llm42_skip_compare": False,
     "llm42_max_verify_wait": None,
+    "llm42_max_passes_per_step": 0,
     "llm42_batched_prefill": True,
     "llm42_prefix_cache": False,
     "llm42_solo_prefill_min_tokens": None,
@@ -52,6 +53,14 @@ def add_cli_args_hook(original, parser: argparse.ArgumentParser):
         default=FLAG_DEFAULTS["llm42_max_verify_wait"],
         help="Decode steps a full window may wait (decoding on) so that passes fill up with B "
         "rows instead of padding; 0 verifies every window at once. Default: W / 4.",
+    )
+    group.add_argument(
+        "--llm42-max-passes-per-step",
+        type=int,
+        default=FLAG_DEFAULTS["llm42_max_passes_per_step"],
+        help="At most this many verification passes per scheduler step, so that a burst of due "
+        "windows is spread over several decode steps instead of stalling one (jobs that waited "
+        "2 x the max verify wait + 1 steps run regardless); 0: no cap (default).",
     )
     group.add_argument(
         "--llm42-batched-prefill",
@@ -133,6 +142,7 @@ def config_from_values(values: dict, seed: int | None) -> Llm42Config:
         skip_compare=values["llm42_skip_compare"],
         seed=seed or 0,
         max_verify_wait=values["llm42_max_verify_wait"],
+        max_passes_per_step=values["llm42_max_passes_per_step"],
         batched_prefill=values["llm42_batched_prefill"],
         prefix_cache=values["llm42_prefix_cache"],
         solo_prefill_min_tokens=values["llm42_solo_prefill_min_tokens"],
