@@ -393,6 +393,14 @@ def test_install_llm42_writes_a_discoverable_dist_info(tmp_path):
 
 
 # -- driver loop without SGLang ------------------------------------------------------------------
+class _FakeServer:
+    """Stands in for llm42.server_process.SGLangServer: remembers its flags, starts nothing."""
+
+    def __init__(self, model_path, flags, **kwargs):
+        self.flags, self.url = list(flags), "http://fake"
+        self.args = [sys.executable, "-m", "sglang.launch_server", *self.flags]
+
+
 def test_driver_runs_every_workload_on_each_server_start(tmp_path, monkeypatch):
     """One server start per config, every workload benchmarked on it, one skipped row per
     workload for a config whose server does not start, and a table normalised per workload."""
@@ -402,11 +410,7 @@ def test_driver_runs_every_workload_on_each_server_start(tmp_path, monkeypatch):
 
     events = []
 
-    class FakeServer:
-        def __init__(self, model_path, flags, **kwargs):
-            self.flags, self.url = list(flags), "http://fake"
-            self.args = [sys.executable, "-m", "sglang.launch_server", *self.flags]
-
+    class FakeServer(_FakeServer):
         def start(self):
             events.append(("start", " ".join(self.flags)))
             if "--enable-deterministic-inference" in self.flags:
@@ -457,11 +461,7 @@ def test_driver_timeline_records_llm42_servers_and_summarizes_them(tmp_path, mon
 
     started = []
 
-    class FakeServer:
-        def __init__(self, model_path, flags, **kwargs):
-            self.flags, self.url = list(flags), "http://fake"
-            self.args = [sys.executable, "-m", "sglang.launch_server", *self.flags]
-
+    class FakeServer(_FakeServer):
         def start(self):
             started.append(self.flags)
             if "--llm42-timeline-dir" in self.flags:  # what the scheduler process would write
