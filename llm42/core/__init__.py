@@ -15,8 +15,8 @@ from llm42.core.planner import (
     build_prompt_rows,
     build_row,
     num_job_rows,
-    plan_passes,
     overdue_wait,
+    plan_passes,
     select_jobs,
 )
 from llm42.core.stats import Llm42Stats
@@ -36,7 +36,7 @@ __all__ = [
     "build_row",
     "decide",
     "num_job_rows",
-    "plan_passes",
     "overdue_wait",
+    "plan_passes",
     "select_jobs",
 ]

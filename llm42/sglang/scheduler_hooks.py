@@ -264,9 +264,10 @@ def stash_chunked_hook(original, scheduler, req):
 def _prefills_alone(rt, req) -> bool:
     """Deterministic and prefilled in a batch of its own; fixes `verify_prompt` on first sight.
 
-    Long prompts (`Llm42Config.solo_prefill_threshold`) prefill alone, being cheaper so than
-    recomputed by prompt passes, and so does a request asking for prompt logprobs: the prompt
-    pass gives o_0 and the prompt's KV, not the prompt's logprobs."""
+    Long prompts (`Llm42Config.solo_prefill_threshold`) prefill alone: a solo prefill computes
+    them once, where prompt passes would compute them a second time, in small passes. So does a
+    request asking for prompt logprobs: the prompt pass gives o_0 and the prompt's KV, not the
+    prompt's logprobs."""
     state = det_state(req) if req is not None else None
     if state is None:
         return False
