@@ -174,6 +174,20 @@ def test_select_jobs_pass_cap(sizes, waits, max_passes, expected) -> None:
     assert chosen == expected
 
 
+@pytest.mark.parametrize(
+    ("sizes", "waits", "urgent", "expected"),
+    [  # batch_size 4, max_wait 3, a prefill is coming (hold): only overdue jobs (waited 7) run
+        ([1] * 4, [3] * 4, [False] * 4, []),  # due and a full pass: held back
+        ([1] * 2, [0] * 2, [True] * 2, []),  # a finish waits on them: still held back
+        ([1] * 4, [7, 3, 3, 0], [False] * 4, [0, 1, 2, 3]),  # one overdue; the others fill it
+        ([9, 1], [7, 0], [False] * 2, [0, 1]),  # an overdue prompt: its passes, filled
+    ],
+)
+def test_select_jobs_hold_before_a_prefill(sizes, waits, urgent, expected) -> None:
+    assert select_jobs(sizes, waits, urgent, 4, 3, hold=True) == expected
+    assert set(expected) <= set(select_jobs(sizes, waits, urgent, 4, 3)), "hold only removes"
+
+
 def test_select_jobs_misuse_raises() -> None:
     with pytest.raises(InvariantError, match="2 waits and 1"):
         select_jobs([1, 1], [0, 1], [False], 4, 3)

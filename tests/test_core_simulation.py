@@ -110,6 +110,7 @@ def simulate(
     corrupt_in_place: bool = False,
     verify_prompt: bool = False,
     max_passes: int = 0,
+    hold_rate: float = 0.0,
 ):
     """verify_prompt: o_0 comes from a fast-path prefill (wrong at ``error_rate``) and is
     verified by prompt passes, which run before any window (as in the adapter)."""
@@ -128,6 +129,7 @@ def simulate(
         request.state.on_first_token()
         request.refresh_finishing()
     ready_since: dict[str, int] = {}
+    prefills = random.Random(seed + 1)  # steps that would also prefill hold their passes back
     for step in range(10_000):
         active = [r for r in requests.values() if not r.is_done]
         if not active:
@@ -141,7 +143,7 @@ def simulate(
         chosen = select_jobs([num_job_rows(r.state) for r in waiting],
                              [step - ready_since[r.state.rid] for r in waiting],
                              [r.state.is_finishing for r in waiting], batch_size, max_wait,
-                             max_passes)
+                             max_passes, hold=prefills.random() < hold_rate)
         ready = [waiting[i] for i in chosen]
         for r in ready:
             ready_since.pop(r.state.rid, None)
@@ -207,6 +209,7 @@ SIMULATIONS = st.fixed_dictionaries({
     "corrupt_in_place": st.booleans(),
     "verify_prompt": st.booleans(),
     "max_passes": st.integers(0, 2),
+    "hold_rate": st.sampled_from([0.0, 0.5, 1.0]),
 })
 
 

@@ -186,7 +186,7 @@ def overdue_wait(max_wait: int) -> int:
 
 def select_jobs(
     sizes: Sequence[int], waits: Sequence[int], urgent: Sequence[bool], batch_size: int,
-    max_wait: int, max_passes: int = 0,
+    max_wait: int, max_passes: int = 0, hold: bool = False,
 ) -> list[int]:
     """Which ready jobs to verify now, as indices, most pressing first. A job is a window (one
     row) or a prompt (``len(build_prompt_rows(...))`` rows, kept together).
@@ -203,6 +203,9 @@ def select_jobs(
     cap keep waiting, except those that waited ``overdue_wait(max_wait)`` steps: they run
     regardless, so verification cannot fall behind without bound. A job larger than the cap
     (a long prompt) runs alone.
+
+    ``hold``: the step is about to run a prefill, whose gap between decode steps a pass would
+    lengthen further; only overdue jobs are due then (and fill their passes with others).
     """
     if not len(sizes) == len(waits) == len(urgent):
         raise InvariantError(
@@ -211,15 +214,17 @@ def select_jobs(
     if any(size < 1 for size in sizes):
         raise InvariantError(f"every job has at least one row, got sizes {list(sizes)}")
     overdue = [w >= overdue_wait(max_wait) for w in waits]
+    due = overdue if hold else [u or w >= max_wait for u, w in zip(urgent, waits)]
     order = sorted(range(len(waits)), key=lambda i: (not overdue[i], not urgent[i], -waits[i], i))
-    rows_due = sum(sizes[i] for i in order if urgent[i] or waits[i] >= max_wait)
-    capacity = batch_size * max(-(-rows_due // batch_size), sum(sizes) // batch_size)
+    rows_due = sum(size for size, d in zip(sizes, due) if d)
+    full_passes = 0 if hold else sum(sizes) // batch_size
+    capacity = batch_size * max(-(-rows_due // batch_size), full_passes)
     if max_passes > 0:
-        rows_overdue = sum(sizes[i] for i in order if overdue[i])
+        rows_overdue = sum(size for size, o in zip(sizes, overdue) if o)
         capacity = min(capacity, batch_size * max(max_passes, -(-rows_overdue // batch_size)))
     chosen, used = [], 0
     for i in order:  # the due jobs come first and fit, unless a pass cap holds them back
-        if used + sizes[i] <= capacity or (not chosen and (urgent[i] or waits[i] >= max_wait)):
+        if used + sizes[i] <= capacity or (not chosen and due[i]):
             chosen.append(i)
             used += sizes[i]
     if rows_due == 0 and used % batch_size:

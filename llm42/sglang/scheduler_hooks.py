@@ -392,6 +392,7 @@ def _step_kind(batch) -> str | None:
 
 def _verify_due(rt, scheduler, batch) -> None:
     cfg = rt.config
+    hold = cfg.defer_verify_on_prefill and _prefill_coming(scheduler, batch)
     touched, drained = [], False
     while not (touched and cfg.max_passes_per_step):  # under a pass cap: one round per step
         ready = [(r, st) for r in batch.reqs
@@ -403,7 +404,7 @@ def _verify_due(rt, scheduler, batch) -> None:
                              [rt.decode_step - req._llm42_ready_at for req, _ in ready],
                              [st.is_finishing for _, st in ready],
                              cfg.verify_batch_size, cfg.verify_wait_steps,
-                             cfg.max_passes_per_step)
+                             cfg.max_passes_per_step, hold)
         if not chosen:
             break
         if not drained:
@@ -426,6 +427,14 @@ def _verify_due(rt, scheduler, batch) -> None:
         scheduler.batch_result_processor.output_streamer.stream_output(
             touched, batch.return_logprob
         )
+
+
+def _prefill_coming(scheduler, batch) -> bool:
+    """Whether this step will likely launch a prefill: SGLang prefers one whenever a request
+    waits and there is room for it (a chunked prompt always continues)."""
+    if getattr(scheduler, "chunked_req", None) is not None:
+        return True
+    return bool(scheduler.waiting_queue) and len(batch.reqs) < scheduler.max_running_requests
 
 
 def _drain(scheduler) -> bool:

@@ -19,6 +19,7 @@ FLAG_DEFAULTS = {
     "llm42_skip_compare": False,
     "llm42_max_verify_wait": None,
     "llm42_max_passes_per_step": 0,
+    "llm42_defer_verify_on_prefill": False,
     "llm42_batched_prefill": True,
     "llm42_prefix_cache": False,
     "llm42_solo_prefill_min_tokens": None,
@@ -61,6 +62,14 @@ def add_cli_args_hook(original, parser: argparse.ArgumentParser):
         help="At most this many verification passes per scheduler step, so that a burst of due "
         "windows is spread over several decode steps instead of stalling one (jobs that waited "
         "2 x the max verify wait + 1 steps run regardless); 0: no cap (default).",
+    )
+    group.add_argument(
+        "--llm42-defer-verify-on-prefill",
+        action="store_true",
+        help="Hold verification passes back in scheduler steps that are about to prefill (a "
+        "waiting request and room for it), so that a prefill and a pass do not lengthen the "
+        "same gap between decode steps; overdue jobs (2 x the max verify wait + 1 steps) run "
+        "regardless.",
     )
     group.add_argument(
         "--llm42-batched-prefill",
@@ -143,6 +152,7 @@ def config_from_values(values: dict, seed: int | None) -> Llm42Config:
         seed=seed or 0,
         max_verify_wait=values["llm42_max_verify_wait"],
         max_passes_per_step=values["llm42_max_passes_per_step"],
+        defer_verify_on_prefill=values["llm42_defer_verify_on_prefill"],
         batched_prefill=values["llm42_batched_prefill"],
         prefix_cache=values["llm42_prefix_cache"],
         solo_prefill_min_tokens=values["llm42_solo_prefill_min_tokens"],
