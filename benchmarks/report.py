@@ -48,6 +48,19 @@ def variant_of(row: dict) -> str:
         label += " skip-compare"
     if row.get("inject_mismatch_rate"):
         label += f" inject={row['inject_mismatch_rate']:g}"
+    return label + _scheduling_label(row.get("llm42_stats") or {}, row.get("window_size"))
+
+
+def _scheduling_label(stats: dict, window: int | None) -> str:
+    """Knobs of when passes run (from the server's /llm42_stats), where not the defaults."""
+    label = ""
+    wait = stats.get("max_verify_wait")
+    if wait is not None and window and wait != window // 4:
+        label += f" wait{wait}"
+    if stats.get("max_passes_per_step"):
+        label += f" cap{stats['max_passes_per_step']}"
+    if stats.get("defer_verify_on_prefill"):
+        label += " defer-on-prefill"
     return label
 
 

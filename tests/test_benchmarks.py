@@ -616,3 +616,18 @@ def test_gguf_split_joins_back_under_its_checksum(tmp_path):
     sums = {(p.parent / "SHA256").read_text() for p in pieces}
     assert sums == {f"{hashlib.sha256(joined).hexdigest()}  model.gguf\n"}
     assert ".gpu-gguf2/*" in gguf_receive_command(2)
+
+
+def test_report_labels_tell_scheduling_variants_apart():
+    """Servers that differ only in when passes run get their own table rows and plot series."""
+    from benchmarks.report import variant_of
+
+    base = {"config": "llm42", "window_size": 64, "verify_batch_size": 8, "batched_prefill": True}
+    stats = {"max_verify_wait": 16, "max_passes_per_step": 0, "defer_verify_on_prefill": False}
+    labels = [variant_of({**base, "llm42_stats": {**stats, **change}}) for change in (
+        {}, {"max_passes_per_step": 1}, {"max_passes_per_step": 1, "defer_verify_on_prefill": True},
+        {"max_verify_wait": 48})]
+    assert labels == ["llm42 W64 B8 batched-prefill", "llm42 W64 B8 batched-prefill cap1",
+                      "llm42 W64 B8 batched-prefill cap1 defer-on-prefill",
+                      "llm42 W64 B8 batched-prefill wait48"]
+    assert variant_of({**base, "llm42_stats": None}) == labels[0]  # rows of older runs
