@@ -54,8 +54,10 @@ def variant_of(row: dict) -> str:
 def _scheduling_label(stats: dict, window: int | None) -> str:
     """Knobs of when passes run (from the server's /llm42_stats), where not the defaults."""
     label = ""
+    from llm42.core.config import Llm42Config
+
     wait = stats.get("max_verify_wait")
-    if wait is not None and window and wait != window // 4:
+    if wait is not None and window and wait != Llm42Config(window_size=window).verify_wait_steps:
         label += f" wait{wait}"
     if stats.get("max_passes_per_step"):
         label += f" cap{stats['max_passes_per_step']}"

@@ -302,7 +302,9 @@ def sampling_info_hook(result, cls, batch, vocab_size, *args, **kwargs):
             seeds.append(req._llm42_noise_seed)
     # Pinned and non-blocking, as SGLang copies its own sampling tensors: a blocking copy on
     # the overlap loop's schedule stream waits for the forward in flight.
-    pin = torch.cuda.is_available() and str(batch.device).startswith("cuda")
+    from sglang.srt.utils.common import is_pin_memory_available
+
+    pin = is_pin_memory_available(batch.device)
     result.sampling_seed = torch.tensor(seeds, dtype=torch.int64, pin_memory=pin).to(
         batch.device, non_blocking=True)
     return result
@@ -432,7 +434,7 @@ def _verify_due(rt, scheduler, batch) -> None:
 def _prefill_coming(scheduler, batch) -> bool:
     """Whether this step will likely launch a prefill: SGLang prefers one whenever a request
     waits and there is room for it (a chunked prompt always continues)."""
-    if getattr(scheduler, "chunked_req", None) is not None:
+    if scheduler.chunked_req is not None:
         return True
     return bool(scheduler.waiting_queue) and len(batch.reqs) < scheduler.max_running_requests
 
