@@ -4,7 +4,9 @@
 
 Throughput is normalised per workload to the `nondet` row (plain SGLang) and to `sglang-det`
 (SGLang's batch-invariant mode) of the same workload; skipped rows stay in the table with
-their reason.
+their reason. Runs at a finite request rate (online serving) also get a table of the *normal*
+requests' latency against nondet's at the same rate (what llm42 costs the traffic that did not
+ask for determinism), and, with several rates, `latency_vs_rate.png`.
 """
 
 from __future__ import annotations
@@ -110,6 +112,66 @@ def markdown_table(rows: list[dict]) -> str:
                   _fmt(row.get("verify_passes")), note.replace("|", "/")[:200]]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+# Online rows: normal requests' latency, and its ratio to nondet's at the same workload and rate.
+ONLINE_COLUMNS = [("normal ITL p99", "normal_itl_p99_ms"), ("normal TTFT p99", "normal_ttft_p99_ms"),
+                  ("normal E2E p99", "normal_e2e_p99_ms")]
+
+
+def _online(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if isinstance(r.get("request_rate"), (int, float))
+            and not r.get("skipped") and r.get("completed")]
+
+
+def online_table(rows: list[dict]) -> str:
+    """Normal requests' latency per online run, as ratios to nondet (issue 5's third target)."""
+    online = _online(rows)
+    if not online:
+        return ""
+    base = {workload_of(r): r for r in online if r.get("config") == "nondet"}
+    header = ["workload", "config", "det ratio", "out tok/s", "normal ITL p50 (ms)"]
+    for name, _ in ONLINE_COLUMNS:
+        header += [f"{name} (ms)", "vs nondet"]
+    header += ["det ITL p99 (ms)", "det E2E p99 (ms)"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in online:
+        ref = base.get(workload_of(row), {})
+        cells = [workload_of(row), variant_of(row), _fmt(row.get("det_ratio"), 2),
+                 _fmt(row.get("output_throughput")), _fmt(row.get("normal_itl_p50_ms"))]
+        for _, key in ONLINE_COLUMNS:
+            cells += [_fmt(row.get(key)), _ratio(row.get(key), ref.get(key))]
+        cells += [_fmt(row.get("det_itl_p99_ms")), _fmt(row.get("det_e2e_p99_ms"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_latency_vs_rate(rows: list[dict], path: Path) -> bool:
+    """Normal requests' ITL and TTFT p99 against request rate, one series per server variant,
+    when online rows hold several rates: where llm42's extra work starts to queue."""
+    online = _online(rows)
+    if len({r["request_rate"] for r in online}) < 2:
+        return False
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    series: dict[str, list[tuple[float, dict]]] = defaultdict(list)
+    for r in online:
+        shape = workload_of(r).split(" rate=")[0]
+        series[f"{shape} {variant_of(r)} r={r['det_ratio']:g}"].append((r["request_rate"], r))
+    for ax, (name, key) in zip(axes, ONLINE_COLUMNS[:2]):
+        for label, points in sorted(series.items()):
+            points.sort(key=lambda p: p[0])
+            ax.plot([p[0] for p in points], [p[1].get(key) or math.nan for p in points],
+                    marker="o", label=label)
+        ax.set_xlabel("request rate (req/s, Poisson)")
+        ax.set_ylabel(f"{name} (ms)")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
 
 
 def _plt():
@@ -225,11 +287,18 @@ def write_report(jsonl: str | Path, out_dir: str | Path) -> list[Path]:
     table.write_text(f"# Results ({Path(jsonl).name}, {len(rows)} rows)\n\n" + markdown_table(rows)
                      + "\nOutput throughput normalised per workload; `-` where the baseline "
                      "configuration has no completed run.\n")
+    online = online_table(rows)
+    if online:
+        with table.open("a", encoding="utf-8") as f:
+            f.write("\n## Online runs: normal requests' latency against nondet at the same rate\n\n"
+                    + online)
     written = [table, out / "throughput_vs_ratio.png", out / "latency.png"]
     plot_throughput_vs_ratio(rows, written[1])
     plot_latency(rows, written[2])
     if plot_window_sweep(rows, out / "throughput_vs_window.png"):
         written.append(out / "throughput_vs_window.png")
+    if plot_latency_vs_rate(rows, out / "latency_vs_rate.png"):
+        written.append(out / "latency_vs_rate.png")
     return written
 
 

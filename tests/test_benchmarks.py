@@ -352,7 +352,8 @@ def test_driver_configs_map_to_server_flags():
 
 # -- GPU host helper ---------------------------------------------------------------------------
 def test_gpu_suite_dry_run_hands_the_driver_arguments_it_accepts(tmp_path):
-    """The suite's shell plumbing (LLM42_ARGS variants, BENCH_CONFIGS, PREFILL_GRAPHS, TIMELINE) checked
+    """The suite's shell plumbing (LLM42_ARGS variants, BENCH_CONFIGS, PREFILL_GRAPHS, TIMELINE,
+    ONLINE_RATE lists) checked
     without a GPU: its driver command lines must parse and give one server per variant."""
     from benchmarks import driver
 
@@ -360,7 +361,7 @@ def test_gpu_suite_dry_run_hands_the_driver_arguments_it_accepts(tmp_path):
     env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
            "RUN_DIR": str(tmp_path / "run"), "JIT_CACHE": str(tmp_path / "none.tar.gz"),
            "BENCH_CONFIGS": "nondet,llm42", "DET_RATIOS": "0.1", "PREFILL_GRAPHS": "1",
-           "TIMELINE": "1",
+           "TIMELINE": "1", "ONLINE_RATE": "16,24",
            "LLM42_ARGS": ";--llm42-max-verify-wait 48;--no-llm42-batched-prefill"}
     subprocess.run(["bash", str(suite), "bench-sharegpt", "online"], env=env, check=True,
                    capture_output=True, timeout=120)
@@ -379,6 +380,8 @@ def test_gpu_suite_dry_run_hands_the_driver_arguments_it_accepts(tmp_path):
         assert llm42[2].flags[-1] == "--no-llm42-batched-prefill"
     assert [c.label for c in driver.server_configs(driver.build_parser().parse_args(
         drivers[0]))][0] == "nondet"
+    online = driver.build_parser().parse_args(drivers[1])  # a load curve: one workload per rate
+    assert [w.split("--request-rate ")[1] for w in online.workload] == ["16", "24"]
 
 
 def test_install_llm42_writes_a_discoverable_dist_info(tmp_path):
@@ -631,3 +634,31 @@ def test_report_labels_tell_scheduling_variants_apart():
                       "llm42 W64 B8 batched-prefill cap1 defer-on-prefill",
                       "llm42 W64 B8 batched-prefill wait48"]
     assert variant_of({**base, "llm42_stats": None}) == labels[0]  # rows of older runs
+
+
+def test_online_table_compares_normal_latency_with_nondet_at_the_same_rate(tmp_path):
+    """Target 3 reads off this table: normal requests' p99 against nondet's at the same rate."""
+    def online(config, rate, itl99, **kw):
+        return _row(config, 0.1 if config == "llm42" else 0.0, 100.0, request_rate=rate,
+                    workload=f"sharegpt n=6 rate={rate}", normal_itl_p99_ms=itl99,
+                    normal_ttft_p99_ms=2 * itl99, **kw)
+    llm42 = {"window_size": 64, "verify_batch_size": 8}
+    rows = [online("nondet", 16, 50.0), online("llm42", 16, 55.0, **llm42),
+            online("nondet", 24, 100.0), online("llm42", 24, 250.0, **llm42),
+            _row("nondet", 0.0, 100.0)]  # rate inf: not an online run
+    jsonl = tmp_path / "results.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    written = report.write_report(jsonl, tmp_path)
+    online_part = (tmp_path / "table.md").read_text().split("## Online runs")[1]
+    lines = [ln for ln in online_part.splitlines() if ln.startswith("| sharegpt")]
+    assert len(lines) == 4
+    by_key = {(ln.split(" | ")[0][2:], ln.split(" | ")[1]): ln for ln in lines}
+    assert "| 55.0 | 1.100x |" in by_key[("sharegpt n=6 rate=16", "llm42 W64 B8")]
+    assert "| 250.0 | 2.500x |" in by_key[("sharegpt n=6 rate=24", "llm42 W64 B8")]
+    png = tmp_path / "latency_vs_rate.png"
+    assert png in written and png.read_bytes()[:4] == b"\x89PNG"
+    # one rate only: the table, no load curve
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
+    png.unlink()
+    assert png not in report.write_report(jsonl, tmp_path) and not png.exists()
+    assert "## Online runs" in (tmp_path / "table.md").read_text()

@@ -17,7 +17,8 @@
 #                              llm42-batched-prefill | all (default: nondet,
 #                              sglang-det, llm42); Llama-3.1-8B shape, dummy weights
 #   smollm2-sweep              llm42 at ratio 1.0, windows $SWEEP_WINDOWS, + nondet, SmolLM2 shape
-#   online                     ShareGPT at --request-rate $ONLINE_RATE: nondet, sglang-det, llm42 at $ONLINE_RATIO
+#   online                     ShareGPT at --request-rate $ONLINE_RATE (comma-separated: a load
+#                              curve, every rate on each server): nondet, sglang-det, llm42 at $ONLINE_RATIO
 #   report                     merge every results.jsonl of this run into one table + plots
 #   save-jit-cache             pack the kernel caches the servers filled (Triton, ~/.cache) into
 #                              $OUT/jit-cache.tar.gz; put it in .gpu-jit/ and carry it to later
@@ -300,10 +301,13 @@ run_step() {
       driver "$step" "$MODEL_SMOL" nondet,llm42 1.0 --window-sizes "$SWEEP_WINDOWS" \
         --workload "--dataset-name sharegpt --dataset-path $SHAREGPT" \
         --bench-args "--seed 1 --num-prompts $SWEEP_PROMPTS --context-len 8192" ;;
-    online)
+    online)  # one --workload per rate of $ONLINE_RATE: every rate on each server start
+      local rate rates=()
+      for rate in ${ONLINE_RATE//,/ }; do
+        rates+=(--workload "--dataset-name sharegpt --dataset-path $SHAREGPT --request-rate $rate")
+      done
       driver "$step" "$MODEL_8B" "${ONLINE_CONFIGS:-nondet,sglang-det,llm42}" "$ONLINE_RATIO" --window-sizes "$WINDOW" \
-        --workload "--dataset-name sharegpt --dataset-path $SHAREGPT --request-rate $ONLINE_RATE" \
-        --bench-args "--seed 1 --num-prompts $ONLINE_PROMPTS" ;;
+        "${rates[@]}" --bench-args "--seed 1 --num-prompts $ONLINE_PROMPTS" ;;
     save-jit-cache) save_jit_cache ;;
     report)
       mkdir -p "$RUN_DIR/report"
