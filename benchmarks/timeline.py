@@ -44,7 +44,9 @@ def decode_gaps(records: list[dict]) -> list[dict]:
     """One entry per pair of consecutive decode launches: its length and what ran inside.
 
     Passes at the top of the later decode's iteration ran before it launched, so they are inside
-    the gap; those of the earlier one ran before the gap began."""
+    the gap; those of the earlier one ran before the gap began. The gap runs from launch to
+    launch: an iteration launches after its passes (`launch`; timelines written before that
+    field existed: `t + verify_s`, the same up to building the batch)."""
     decodes = [i for i, r in enumerate(records) if r.get("kind") == "decode"]
     gaps = []
     for a, b in itertools.pairwise(decodes):
@@ -54,9 +56,13 @@ def decode_gaps(records: list[dict]) -> list[dict]:
         passes = sum(r.get("passes", 0) for r in inside)
         cls = "prefill+verify" if prefill and passes else (
             "prefill" if prefill else "verify" if passes else "decode")
-        gaps.append({"t": records[a]["t"], "gap_s": records[b]["t"] - records[a]["t"],
+        gaps.append({"t": records[a]["t"], "gap_s": launch_time(records[b]) - launch_time(records[a]),
                      "verify_s": verify_s, "passes": passes, "class": cls})
     return gaps
+
+
+def launch_time(rec: dict) -> float:
+    return rec["t"] + rec.get("launch", rec.get("verify_s", 0.0))
 
 
 def _ms(values, q) -> float | None:

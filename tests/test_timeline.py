@@ -24,6 +24,7 @@ def _iteration(tl, clock, at, kind, passes=(), reqs=4):
     clock.now = 100.0 + at
     tl.begin(clock.now)
     for rows, prompt_rows, seconds in passes:
+        clock.now += seconds
         tl.observe_pass(rows, prompt_rows, seconds)
     tl.launched(kind, reqs=reqs if kind else 0, tokens=reqs, running=reqs, queued=0)
 
@@ -47,11 +48,13 @@ def test_recorder_writes_one_line_per_busy_iteration(tmp_path):
     assert (third["passes"], third["rows"], third["prompt_rows"]) == (2, 4, 1)
     assert third["verify_s"] == pytest.approx(0.03) and third["drained"] is True
     assert third["dt"] == pytest.approx(0.03) and lines[4]["drained"] is False
+    assert third["launch"] == pytest.approx(0.03) and lines[4]["launch"] == 0  # after its passes
     assert [len(s) for s in load_segments(tmp_path / "t.jsonl")] == [2, 2]
 
 
-def _rec(t, kind, verify_s=0.0, passes=0, dt=0.0):
-    return {"t": t, "dt": dt, "kind": kind, "verify_s": verify_s, "passes": passes}
+def _rec(t, kind, verify_s=0.0, passes=0, dt=0.0, launch=0.0):
+    return {"t": t, "dt": dt, "kind": kind, "verify_s": verify_s, "passes": passes,
+            "launch": launch}
 
 
 def test_gaps_are_classed_by_what_ran_between_two_decodes():
@@ -60,21 +63,26 @@ def test_gaps_are_classed_by_what_ran_between_two_decodes():
         _rec(0.01, "decode"),                      # decode only: 10 ms
         _rec(0.02, "prefill"),
         _rec(0.05, "decode"),                      # prefill inside: 40 ms
-        _rec(0.06, "decode", verify_s=0.02, passes=1),  # its pass ran before it: verify, 10 ms
+        # its pass ran before it launched (at 0.08): verify, 30 ms, the pass's 20 inside
+        _rec(0.06, "decode", verify_s=0.02, passes=1, launch=0.02),
         _rec(0.09, "det_prefill"),
-        _rec(0.12, "decode", verify_s=0.01, passes=1),  # prefill + verify: 60 ms
+        _rec(0.12, "decode", verify_s=0.01, passes=1, launch=0.01),  # prefill + verify: 50 ms
         _rec(0.13, "prefill", verify_s=0.005, passes=1),  # a pass at a prefill's top
-        _rec(0.20, "decode", dt=0.01),             # prefill + verify: 80 ms
+        _rec(0.20, "decode", dt=0.01),             # prefill + verify: 70 ms
     ]
     gaps = decode_gaps(records)
     assert [(g["class"], round(g["gap_s"], 3), g["passes"]) for g in gaps] == [
-        ("decode", 0.01, 0), ("prefill", 0.04, 0), ("verify", 0.01, 1),
-        ("prefill+verify", 0.06, 1), ("prefill+verify", 0.08, 1)]
+        ("decode", 0.01, 0), ("prefill", 0.04, 0), ("verify", 0.03, 1),
+        ("prefill+verify", 0.05, 1), ("prefill+verify", 0.07, 1)]
+    assert all(g["gap_s"] >= g["verify_s"] for g in gaps)  # a gap holds its passes' time
     s = summarize(records)
     assert s["decode_gaps"] == 5 and s["verify_passes"] == 3
     assert s["classes"]["prefill+verify"]["gaps"] == 2
-    assert s["classes"]["prefill+verify"]["time_share"] == pytest.approx(0.14 / 0.20)
-    assert s["classes"]["verify"]["p50_ms"] == pytest.approx(10.0)
+    assert s["classes"]["prefill+verify"]["time_share"] == pytest.approx(0.12 / 0.20)
+    assert s["classes"]["verify"]["p50_ms"] == pytest.approx(30.0)
+    # timelines written before `launch` existed: launched right after the passes
+    old = [{k: v for k, v in r.items() if k != "launch"} for r in records]
+    assert [round(g["gap_s"], 3) for g in decode_gaps(old)] == [0.01, 0.04, 0.03, 0.05, 0.07]
     assert s["iterations"]["decode"]["iterations"] == 6
     assert s["span_s"] == pytest.approx(0.21)
 

@@ -1,9 +1,9 @@
 """Per-iteration timeline of the scheduler loop: where the time between two decode steps goes.
 
 One JSON line per scheduler iteration that launched a batch or verified something: when it began
-(seconds since the timeline opened), how long it lasted (until the next iteration began), the kind
-and size of the batch it launched, and the verification passes that ran at its top, before the
-batch was built. Per-batch GPU times would not answer the question: in SGLang's overlap loop an
+(seconds since the timeline opened), when it launched its batch (`launch`, seconds after it
+began) and how long it lasted (until the next iteration began), the kind and size of that batch,
+and the verification passes that ran at its top, before the batch was built. Per-batch GPU times would not answer the question: in SGLang's overlap loop an
 iteration launches one batch and then processes the previous one's result, so what a running
 request waits between two of its tokens is the sum of the iterations between two decode launches.
 `benchmarks/timeline.py` turns the lines into that breakdown.
@@ -61,7 +61,8 @@ class StepTimeline:
             self._open = None  # idle polling: not worth a line (and far too many of them)
             self.flush()
             return
-        rec.update(kind=kind, reqs=reqs, tokens=tokens, running=running, queued=queued)
+        rec.update(kind=kind, reqs=reqs, tokens=tokens, running=running, queued=queued,
+                   launch=round(self._clock() - self._t0 - rec["t"], 6))
 
     def _close(self, now: float) -> None:
         rec, self._open = self._open, None
