@@ -281,7 +281,9 @@ def run(args) -> dict:
         if failed:
             raise BenchError(f"warm-up request failed: {failed[0][-1000:]}")
     _post(base_url + "/flush_cache")  # no prefix-cache hits carried over from earlier runs
-    if has_llm42 and not _post(base_url + "/reset_llm42_stats"):
+    # also marks the start of the run in a step timeline (a baseline server may record one)
+    if (has_llm42 or (stats or {}).get("timelines")) and not _post(
+            base_url + "/reset_llm42_stats"):
         print("warning: POST /reset_llm42_stats failed; llm42 counters include earlier work")
 
     peak = [0] if has_llm42 else None

@@ -269,7 +269,7 @@ class Driver:
 
         flags = self.server_args + cfg.flags
         timeline = self.out / f"timeline_{cfg.label}"
-        if self.args.timeline and cfg.config == "llm42":
+        if self.args.timeline:  # baselines too: their decode gaps are what llm42's compare to
             flags = flags + ["--llm42-timeline-dir", str(timeline)]
         if self.time_left() < self.args.min_config_s:
             self.skip_rows(cfg, f"not run: time budget (--budget-s {self.args.budget_s}) spent",
@@ -342,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-run-s", type=float, default=30.0,
                    help="with --budget-s: least time left to start another benchmark")
     p.add_argument("--timeline", action="store_true",
-                   help="llm42 servers record a step timeline (--llm42-timeline-dir) into "
+                   help="every server records a step timeline (--llm42-timeline-dir) into "
                         "OUT/timeline_LABEL/, summarized there when the server stops")
     p.add_argument("--report-only", action="store_true",
                    help="only regenerate table.md and the plots from --out-dir/results.jsonl")

@@ -92,7 +92,10 @@ def batched_server(tiny_model, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def plain_server(tiny_model, tmp_path_factory):
-    server = _start(tiny_model, ["--random-seed", "7", "--context-length", str(CONTEXT)],
+    """SGLang without --enable-llm42 (the plugin is loaded), recording a baseline step timeline."""
+    timeline = tmp_path_factory.mktemp("plain-timeline")
+    server = _start(tiny_model, ["--random-seed", "7", "--context-length", str(CONTEXT),
+                                 "--llm42-timeline-dir", str(timeline)],
                     "plain", tmp_path_factory)
     yield server
     server.stop()

@@ -42,3 +42,7 @@ def test_counters_summed_settings_kept_recompute_recomputed():
 
 def test_no_rank_with_llm42_reports_disabled():
     assert merge_snapshots([{"enabled": False}, {}]) == {"enabled": False}
+    # a baseline server recording step timelines (one file per scheduler process)
+    assert merge_snapshots([{"enabled": False, "timeline": "/t/a.jsonl"},
+                            {"enabled": False, "timeline": None}]) == {
+        "enabled": False, "timelines": ["/t/a.jsonl"]}

@@ -109,3 +109,25 @@ def test_server_timeline_matches_its_stats(llm42_server, tmp_path):
     last = list(summary.values())[-1]  # the segment after the reset above
     assert last["verify_passes"] == stats["verify_passes"]
     assert (tmp_path / "timeline.png").stat().st_size > 0
+
+
+@pytest.mark.server
+def test_baseline_server_records_a_timeline_and_nothing_else(plain_server):
+    """Without --enable-llm42 the flag still gives a step timeline (decode and prefill launches,
+    reset markers), so a baseline's decode gaps can be set against llm42's; llm42 stays off."""
+    from conftest import wait_idle_and_healthy
+    from helpers import PROMPTS, background_requests, concurrently, generate, llm42_stats
+
+    url = plain_server.url
+    stats = llm42_stats(url)
+    assert stats["enabled"] is False and len(stats["timelines"]) == 1
+    assert requests.post(url + "/reset_llm42_stats", timeout=30).json()["success"] is True
+    concurrently([lambda p=p: generate(url, p, det=None, max_new_tokens=12) for p in PROMPTS]
+                 + background_requests(url, 4))
+    wait_idle_and_healthy(plain_server)
+    segment = load_segments(stats["timelines"][0])[-1]  # the one after the reset
+    kinds = {r["kind"] for r in segment}
+    assert {"decode", "prefill"} <= kinds, kinds
+    assert sum(r["passes"] for r in segment) == 0
+    assert all(r["launch"] >= 0 and r["dt"] >= 0 for r in segment)
+    assert len(decode_gaps(segment)) >= 11  # 12 tokens per request: 11 gaps at least

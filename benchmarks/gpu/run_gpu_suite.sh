@@ -48,7 +48,8 @@
 #   variants, one server each: ";--llm42-max-verify-wait 64" = defaults, then wait 64)
 #   BENCH_CONFIGS=nondet,sglang-det,llm42 (configs of a bench-WORKLOAD step without -CONFIG)
 #   PREFILL_GRAPHS=0 (1: keep SGLang's prefill CUDA graphs for every config)
-#   TIMELINE=0 (1: llm42 servers record a step timeline, summarized in STEP/timeline_LABEL/)
+#   TIMELINE=0 (1: every server, baselines too, records a step timeline, summarized in
+#   STEP/timeline_LABEL/)
 #   DRY_RUN=0 (1: install nothing, start nothing; every python command the steps would run is
 #   appended to $OUT/dry_run.jsonl as a JSON argv; tests/test_benchmarks.py checks them)
 #   JIT_CACHE=.gpu-jit/jit-cache.tar.gz (restored before the first step when present)

@@ -17,7 +17,8 @@ def merge_snapshots(snapshots: list[dict]) -> dict:
     """One view over DP ranks; recompute_pct is recomputed from the summed counts."""
     live = [s for s in snapshots if s.get("enabled")]
     if not live:
-        return {"enabled": False}
+        timelines = [s["timeline"] for s in snapshots if s.get("timeline")]
+        return {"enabled": False, **({"timelines": timelines} if timelines else {})}
     merged = dict(live[0])
     for key, value in merged.items():
         if key not in _SETTINGS and isinstance(value, (int, float)):

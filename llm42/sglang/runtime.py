@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 RUNTIME: Llm42Runtime | None = None
+# A server started with --llm42-timeline-dir but without --enable-llm42 (a baseline such as plain
+# SGLang or --enable-deterministic-inference) records the same step timeline, nothing else.
+TIMELINE: StepTimeline | None = None
 # True only while the verification forward runs (read by the LogitsMetadata hook).
 IN_VERIFY_PASS = False
 
@@ -38,11 +41,7 @@ class Llm42Runtime:
         self.overlap = bool(getattr(scheduler, "enable_overlap", False))
         self.step_started: float | None = None  # when the running scheduler iteration began
         self.step_kind: str | None = None  # kind of the batch it launched (None: idle)
-        self.timeline = None
-        if config.timeline_dir:
-            path = Path(config.timeline_dir) / f"timeline-{os.getpid()}.jsonl"
-            self.timeline = StepTimeline(path)
-            logger.info("llm42 step timeline: %s", path)
+        self.timeline = open_timeline(config.timeline_dir) if config.timeline_dir else None
         self.metrics = None
         if getattr(scheduler, "enable_metrics", False):
             from llm42.sglang.metrics import Llm42Metrics
@@ -69,6 +68,19 @@ class Llm42Runtime:
             reserved_kv_tokens=0,
         )
         return snap
+
+
+def open_timeline(folder: str | Path) -> StepTimeline:
+    """One file per scheduler process: DP ranks and restarts never share a file."""
+    path = Path(folder) / f"timeline-{os.getpid()}.jsonl"
+    logger.info("llm42 step timeline: %s", path)
+    return StepTimeline(path)
+
+
+def install_timeline_only(folder: str | Path) -> StepTimeline:
+    global TIMELINE
+    TIMELINE = open_timeline(folder)
+    return TIMELINE
 
 
 def install(scheduler: Scheduler, config: Llm42Config) -> Llm42Runtime:

@@ -65,6 +65,9 @@ def scheduler_init_hook(result, scheduler, *args, **kwargs):
 
     config = config_from_server_args(scheduler.server_args)
     if config is None:
+        folder = getattr(scheduler.server_args, "llm42_timeline_dir", None)
+        if folder:  # a baseline server: its step timeline only, to compare with llm42's
+            runtime.install_timeline_only(folder)
         return
     config.validate(scheduler.model_config.context_len)
     assert_hooks_applied()
@@ -354,7 +357,13 @@ def next_batch_hook(original, scheduler, running_batch, last_batch):
     `--llm42-max-passes-per-step` spreads bursts over several steps)."""
     rt = runtime.RUNTIME
     if rt is None:
-        return original(scheduler, running_batch, last_batch)
+        if runtime.TIMELINE is None:
+            return original(scheduler, running_batch, last_batch)
+        runtime.TIMELINE.begin()
+        plan = original(scheduler, running_batch, last_batch)
+        _record_launch(runtime.TIMELINE, _step_kind(plan.batch_to_run), scheduler,
+                       plan.batch_to_run)
+        return plan
     now = time.perf_counter()
     if rt.step_kind is not None:
         rt.stats.observe_step(rt.step_kind, now - rt.step_started)
@@ -548,7 +557,12 @@ def _put(values: list, i: int, value) -> None:
 
 def get_internal_state_hook(result, scheduler, *args, **kwargs):
     rt = runtime.RUNTIME
-    result.internal_state["llm42"] = rt.snapshot() if rt is not None else {"enabled": False}
+    if rt is not None:
+        result.internal_state["llm42"] = rt.snapshot()
+    else:
+        tl = runtime.TIMELINE
+        result.internal_state["llm42"] = {"enabled": False,
+                                          "timeline": str(tl.path) if tl is not None else None}
     return result
 
 
@@ -560,8 +574,10 @@ def set_internal_state_hook(original, scheduler, recv_req):
         return original(scheduler, recv_req)
     from sglang.srt.managers.io_struct import SetInternalStateReqOutput
 
-    if runtime.RUNTIME is not None:
-        runtime.RUNTIME.stats.reset()
-        if runtime.RUNTIME.timeline is not None:
-            runtime.RUNTIME.timeline.event("reset")
-    return SetInternalStateReqOutput(updated=runtime.RUNTIME is not None)
+    rt = runtime.RUNTIME
+    if rt is not None:
+        rt.stats.reset()
+    timeline = rt.timeline if rt is not None else runtime.TIMELINE
+    if timeline is not None:
+        timeline.event("reset")
+    return SetInternalStateReqOutput(updated=rt is not None or timeline is not None)

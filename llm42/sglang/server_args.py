@@ -99,7 +99,8 @@ def add_cli_args_hook(original, parser: argparse.ArgumentParser):
         default=FLAG_DEFAULTS["llm42_timeline_dir"],
         help="Profiling: each scheduler process appends one JSON line per scheduler iteration "
         "(batch launched, verification passes, duration) to DIR/timeline-<pid>.jsonl; "
-        "`python -m benchmarks.timeline DIR` summarizes them.",
+        "`python -m benchmarks.timeline DIR` summarizes them. Works without --enable-llm42 "
+        "too (the timeline of a baseline server, to compare with llm42's).",
     )
     group.add_argument(
         "--llm42-inject-mismatch-rate",
