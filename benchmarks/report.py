@@ -115,7 +115,8 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 # Online rows: normal requests' latency, and its ratio to nondet's at the same workload and rate.
-ONLINE_COLUMNS = [("normal ITL p99", "normal_itl_p99_ms"), ("normal TTFT p99", "normal_ttft_p99_ms"),
+ONLINE_COLUMNS = [("normal ITL p99", "normal_itl_p99_ms"),
+                  ("normal TTFT p99", "normal_ttft_p99_ms"),
                   ("normal E2E p99", "normal_e2e_p99_ms")]
 
 

@@ -56,8 +56,9 @@ def decode_gaps(records: list[dict]) -> list[dict]:
         passes = sum(r.get("passes", 0) for r in inside)
         cls = "prefill+verify" if prefill and passes else (
             "prefill" if prefill else "verify" if passes else "decode")
-        gaps.append({"t": records[a]["t"], "gap_s": launch_time(records[b]) - launch_time(records[a]),
-                     "verify_s": verify_s, "passes": passes, "class": cls})
+        gap_s = launch_time(records[b]) - launch_time(records[a])
+        gaps.append({"t": records[a]["t"], "gap_s": gap_s, "verify_s": verify_s,
+                     "passes": passes, "class": cls})
     return gaps
 
 

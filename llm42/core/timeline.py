@@ -3,9 +3,10 @@
 One JSON line per scheduler iteration that launched a batch or verified something: when it began
 (seconds since the timeline opened), when it launched its batch (`launch`, seconds after it
 began) and how long it lasted (until the next iteration began), the kind and size of that batch,
-and the verification passes that ran at its top, before the batch was built. Per-batch GPU times would not answer the question: in SGLang's overlap loop an
-iteration launches one batch and then processes the previous one's result, so what a running
-request waits between two of its tokens is the sum of the iterations between two decode launches.
+and the verification passes that ran at its top, before the batch was built. Per-batch GPU
+times would not answer the question: in SGLang's overlap loop an iteration launches one batch and
+then processes the previous one's result, so what a running request waits between two of its
+tokens is the sum of the iterations between two decode launches.
 `benchmarks/timeline.py` turns the lines into that breakdown.
 
     timeline = StepTimeline("/tmp/tl/timeline-123.jsonl")
