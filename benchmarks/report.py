@@ -155,24 +155,37 @@ def plot_latency_vs_rate(rows: list[dict], path: Path) -> bool:
         return False
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    series: dict[str, list[tuple[float, dict]]] = defaultdict(list)
-    for r in online:
-        shape = workload_of(r).split(" rate=")[0]
-        series[f"{shape} {variant_of(r)} r={r['det_ratio']:g}"].append((r["request_rate"], r))
     for ax, (name, key) in zip(axes, ONLINE_COLUMNS[:2]):
-        for label, points in sorted(series.items()):
-            points.sort(key=lambda p: p[0])
-            ax.plot([p[0] for p in points], [p[1].get(key) or math.nan for p in points],
-                    marker="o", label=label)
-        ax.set_xlabel("request rate (req/s, Poisson)")
-        ax.set_ylabel(f"{name} (ms)")
-        ax.set_yscale("log")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
+        series: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        for r in online:
+            shape = workload_of(r).split(" rate=")[0]
+            series[f"{shape} {variant_of(r)} r={r['det_ratio']:g}"].append(
+                (r["request_rate"], r.get(key) or math.nan))
+        _plot_series(ax, series, "request rate (req/s, Poisson)", f"{name} (ms)", yscale="log")
+    _save(plt, fig, path)
+    return True
+
+
+def _plot_series(ax, series: dict[str, list[tuple[float, float]]], xlabel: str, ylabel: str,
+                 *, xscale: dict | None = None, yscale: str | None = None) -> None:
+    """One line per label through its (x, y) points, sorted by x."""
+    for label, points in sorted(series.items()):
+        xs, ys = zip(*sorted(points))
+        ax.plot(xs, ys, marker="o", label=label)
+    if xscale:
+        ax.set_xscale(**xscale)
+    if yscale:
+        ax.set_yscale(yscale)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def _save(plt, fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    return True
 
 
 def _plt():
@@ -213,9 +226,7 @@ def plot_throughput_vs_ratio(rows: list[dict], path: Path) -> None:
         ax.set_xlim(-0.03, 1.03)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def plot_latency(rows: list[dict], path: Path) -> None:
@@ -236,9 +247,7 @@ def plot_latency(rows: list[dict], path: Path) -> None:
             ax.set_ylabel("ms")
             ax.grid(axis="y", alpha=0.3)
             ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def plot_window_sweep(rows: list[dict], path: Path) -> bool:
@@ -254,17 +263,9 @@ def plot_window_sweep(rows: list[dict], path: Path) -> bool:
     for r in runs:
         series[f"{workload_of(r)} r={r['det_ratio']:g}"].append(
             (r["window_size"], r["output_throughput"]))
-    for label, points in sorted(series.items()):
-        xs, ys = zip(*sorted(points))
-        ax.plot(xs, ys, marker="o", label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("llm42 window size W")
-    ax.set_ylabel("output tok/s")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _plot_series(ax, series, "llm42 window size W", "output tok/s",
+                 xscale={"value": "log", "base": 2})
+    _save(plt, fig, path)
     return True
 
 
