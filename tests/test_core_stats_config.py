@@ -11,6 +11,7 @@ from llm42.core import Llm42Config, Llm42Stats, VerifyDecision
 
 SNAPSHOT_KEYS = {
     "verify_passes",
+    "graphed_passes",
     "verify_rows",
     "prompt_rows",
     "cached_prompt_tokens",
@@ -60,7 +61,8 @@ def test_snapshot_keys_and_zero_state() -> None:
 def test_stats_arithmetic() -> None:
     stats = Llm42Stats()
     stats.observe_pass(num_real_rows=3, num_pad_rows=5, seconds=0.25)
-    stats.observe_pass(num_real_rows=8, num_pad_rows=0, seconds=0.5, num_prompt_rows=6)
+    stats.observe_pass(num_real_rows=8, num_pad_rows=0, seconds=0.5, num_prompt_rows=6,
+                       graphed=True)
     stats.observe_decision(ACCEPT)  # commits 4
     stats.observe_decision(ROLLBACK)  # commits 1 accepted + 1 corrected, drops 5
     stats.observe_finished()
@@ -73,6 +75,7 @@ def test_stats_arithmetic() -> None:
     snapshot = stats.snapshot()
     expected = {
         "verify_passes": 2,
+        "graphed_passes": 1,
         "verify_rows": 11,
         "prompt_rows": 6,
         "cached_prompt_tokens": 128,

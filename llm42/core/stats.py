@@ -19,6 +19,7 @@ STEP_KINDS = ("decode", "prefill", "det_prefill")
 @dataclass(eq=False)
 class Llm42Stats:
     verify_passes: int = 0
+    graphed_passes: int = 0
     verify_rows: int = 0  # real rows only
     prompt_rows: int = 0  # of those, rows replaying a prompt (--llm42-batched-prefill)
     cached_prompt_tokens: int = 0  # prompt tokens whose verified KV came from the prefix cache
@@ -38,8 +39,11 @@ class Llm42Stats:
     step_time_s: dict = field(default_factory=lambda: dict.fromkeys(STEP_KINDS, 0.0))
 
     def observe_pass(self, num_real_rows: int, num_pad_rows: int, seconds: float,
-                     num_prompt_rows: int = 0) -> None:
+                     num_prompt_rows: int = 0, graphed: bool = False) -> None:
+        """`graphed`: the pass replayed a CUDA graph (SGLang's prefill graphs) instead of running
+        eagerly; a pass's cost is mostly the eager forward's fixed overhead."""
         self.verify_passes += 1
+        self.graphed_passes += int(graphed)
         self.verify_rows += num_real_rows
         self.prompt_rows += num_prompt_rows
         self.padded_rows += num_pad_rows
@@ -79,6 +83,7 @@ class Llm42Stats:
     def snapshot(self) -> dict[str, int | float]:
         return {
             "verify_passes": self.verify_passes,
+            "graphed_passes": self.graphed_passes,
             "verify_rows": self.verify_rows,
             "prompt_rows": self.prompt_rows,
             "cached_prompt_tokens": self.cached_prompt_tokens,

@@ -476,9 +476,9 @@ def _verify(rt, scheduler, batch, jobs) -> None:
         mine = owners[start : start + vpass.num_real_rows]
         start += vpass.num_real_rows
         row_reqs = [req for req, _ in mine] + [None] * vpass.num_pad_rows
-        results, seconds = verifier.run_pass(scheduler, batch, vpass, row_reqs)
+        results, seconds, graphed = verifier.run_pass(scheduler, batch, vpass, row_reqs)
         rt.stats.observe_pass(vpass.num_real_rows, vpass.num_pad_rows, seconds,
-                              vpass.num_prompt_rows)
+                              vpass.num_prompt_rows, graphed)
         if rt.metrics is not None:
             rt.metrics.observe_pass(vpass.num_real_rows, vpass.num_pad_rows, seconds)
         if rt.timeline is not None:

@@ -49,8 +49,9 @@ class RowResult:
 
 def run_pass(
     scheduler: Scheduler, decode_batch: ScheduleBatch, vpass: VerifyPass, reqs: list[Req | None]
-) -> tuple[list[RowResult | None], float]:
-    """Forward + sample one pass; `reqs[i]` is the request of row i (None for dummy rows)."""
+) -> tuple[list[RowResult | None], float, bool]:
+    """Forward + sample one pass; `reqs[i]` is the request of row i (None for dummy rows).
+    Returns the rows' results, the pass's seconds and whether it replayed a CUDA graph."""
     t0 = time.perf_counter()
     device = decode_batch.device
     W = vpass.window_size
@@ -115,7 +116,7 @@ def run_pass(
     logits = result.logits_output.next_token_logits  # [num_tokens, vocab]
     assert logits.shape[0] == len(vpass.rows) * W, f"verify logits {tuple(logits.shape)}"
     results = _sample_rows(scheduler, vpass, reqs, logits)
-    return results, time.perf_counter() - t0
+    return results, time.perf_counter() - t0, bool(result.can_run_cuda_graph)
 
 
 def _sample_rows(scheduler, vpass: VerifyPass, reqs, logits: torch.Tensor):
