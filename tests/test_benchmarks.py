@@ -456,9 +456,9 @@ def test_driver_runs_every_workload_on_each_server_start(tmp_path, monkeypatch):
         assert sum("0.800x" in ln for ln in rows) == 1, "llm42 normalised to its workload's nondet"
 
 
-def test_driver_timeline_records_llm42_servers_and_summarizes_them(tmp_path, monkeypatch):
-    """--timeline: llm42 servers (only) get --llm42-timeline-dir OUT/timeline_LABEL, and what
-    they wrote there is summarized (timeline.md) once the server stopped."""
+def test_driver_timeline_records_every_server_and_summarizes_it(tmp_path, monkeypatch):
+    """--timeline: every server gets --llm42-timeline-dir OUT/timeline_LABEL, and what it wrote
+    there is summarized (timeline.md) once the server stopped."""
     from benchmarks import driver
     from llm42 import server_process
 
@@ -486,10 +486,12 @@ def test_driver_timeline_records_llm42_servers_and_summarizes_them(tmp_path, mon
     assert driver.main(["--model-path", "m", "--out-dir", str(tmp_path), "--timeline",
                         "--configs", "nondet,llm42", "--det-ratios", "0.1",
                         "--window-sizes", "8"]) == 0
-    assert "--llm42-timeline-dir" not in started[0]
+    # the baseline records one too: its decode gaps are what llm42's are compared with
+    assert started[0][-2:] == ["--llm42-timeline-dir", str(tmp_path / "timeline_nondet")]
     assert started[1][-2:] == ["--llm42-timeline-dir", str(tmp_path / "timeline_llm42-w8")]
-    summary = (tmp_path / "timeline_llm42-w8" / "timeline.md").read_text()
-    assert "1 decode gaps" in summary and "| verify | 1 |" in summary, summary
+    for label in ("nondet", "llm42-w8"):
+        summary = (tmp_path / f"timeline_{label}" / "timeline.md").read_text()
+        assert "1 decode gaps" in summary and "| verify | 1 |" in summary, summary
 
 
 def test_driver_names_a_startup_timeout_not_a_log_line(tmp_path, monkeypatch):
