@@ -88,6 +88,13 @@ def _ratio(value, base) -> str:
     return f"{value / base:.3f}x" if value and base else "-"
 
 
+def _passes(row: dict) -> str:
+    """Verification passes, and how many replayed a CUDA graph where the server counted them."""
+    graphed = (row.get("llm42_stats") or {}).get("graphed_passes")
+    text = _fmt(row.get("verify_passes"))
+    return f"{text} ({graphed} graphed)" if graphed is not None and row.get("verify_passes") else text
+
+
 def markdown_table(rows: list[dict]) -> str:
     base = _baselines(rows)
     header = (["workload", "config", "det ratio", "done", "out tok/s", "vs nondet",
@@ -109,7 +116,7 @@ def markdown_table(rows: list[dict]) -> str:
                  _ratio(out, base.get((wl, "sglang-det")))]
         cells += [f"{_fmt(row.get(p50))} / {_fmt(row.get(p99))}" for _, p50, p99 in LAT_COLUMNS]
         cells += [_fmt(row.get("recompute_pct"), 3), _fmt(row.get("rollbacks")),
-                  _fmt(row.get("verify_passes")), note.replace("|", "/")[:200]]
+                  _passes(row), note.replace("|", "/")[:200]]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -306,6 +306,7 @@ def test_report_normalises_and_keeps_skipped_rows(tmp_path):
                                                     "llm42 W8 B4", "llm42 W8 B4 no-overlap"]
     assert "0.800x" in lines[2] and "0.500x" in lines[3] and "1.000x" in lines[0]
     assert "0.700x" in lines[4]
+    assert lines[2].split(" | ")[-2] == "9"  # rows of servers that did not count graphed passes
     assert "refused on CPU" in lines[1]
     for png in written[1:]:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
@@ -644,7 +645,8 @@ def test_online_table_compares_normal_latency_with_nondet_at_the_same_rate(tmp_p
         return _row(config, 0.1 if config == "llm42" else 0.0, 100.0, request_rate=rate,
                     workload=f"sharegpt n=6 rate={rate}", normal_itl_p99_ms=itl99,
                     normal_ttft_p99_ms=2 * itl99, **kw)
-    llm42 = {"window_size": 64, "verify_batch_size": 8}
+    llm42 = {"window_size": 64, "verify_batch_size": 8, "verify_passes": 12,
+             "llm42_stats": {"graphed_passes": 12}}
     rows = [online("nondet", 16, 50.0), online("llm42", 16, 55.0, **llm42),
             online("nondet", 24, 100.0), online("llm42", 24, 250.0, **llm42),
             _row("nondet", 0.0, 100.0)]  # rate inf: not an online run
@@ -657,6 +659,7 @@ def test_online_table_compares_normal_latency_with_nondet_at_the_same_rate(tmp_p
     by_key = {(ln.split(" | ")[0][2:], ln.split(" | ")[1]): ln for ln in lines}
     assert "| 55.0 | 1.100x |" in by_key[("sharegpt n=6 rate=16", "llm42 W64 B8")]
     assert "| 250.0 | 2.500x |" in by_key[("sharegpt n=6 rate=24", "llm42 W64 B8")]
+    assert "| 12 (12 graphed) |" in (tmp_path / "table.md").read_text()
     png = tmp_path / "latency_vs_rate.png"
     assert png in written and png.read_bytes()[:4] == b"\x89PNG"
     # one rate only: the table, no load curve
