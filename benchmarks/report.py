@@ -91,8 +91,8 @@ def _ratio(value, base) -> str:
 def _passes(row: dict) -> str:
     """Verification passes, and how many replayed a CUDA graph where the server counted them."""
     graphed = (row.get("llm42_stats") or {}).get("graphed_passes")
-    text = _fmt(row.get("verify_passes"))
-    return f"{text} ({graphed} graphed)" if graphed is not None and row.get("verify_passes") else text
+    passes = row.get("verify_passes")
+    return f"{passes} ({graphed} graphed)" if graphed is not None and passes else _fmt(passes)
 
 
 def markdown_table(rows: list[dict]) -> str:
