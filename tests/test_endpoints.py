@@ -11,9 +11,26 @@ ROLLBACK = VerifyDecision(num_compared=4, num_accepted=1, num_rejected=3, correc
                           new_num_verified=3, new_num_output_tokens=3, mismatch_index=2)
 ACCEPT = VerifyDecision(num_compared=4, num_accepted=4, num_rejected=0, corrected_token_id=None,
                         new_num_verified=5, new_num_output_tokens=5, mismatch_index=None)
-SETTINGS = {"enabled": True, "window_size": 16, "verify_batch_size": 4,
-            "inject_mismatch_rate": 0.0, "skip_compare": False, "max_verify_wait": 4,
-            "overlap_schedule": True, "batched_prefill": False, "reserved_kv_tokens": 0}
+
+
+def _settings() -> dict:
+    """Every setting a rank's snapshot carries (Llm42Runtime.snapshot minus the counters), with
+    values that summing over two ranks would change."""
+    from types import SimpleNamespace
+
+    from llm42.core import Llm42Config
+    from llm42.sglang.runtime import Llm42Runtime
+
+    scheduler = SimpleNamespace(model_config=SimpleNamespace(vocab_size=100), enable_overlap=True)
+    config = Llm42Config(window_size=16, verify_batch_size=4, max_passes_per_step=1,
+                         defer_verify_on_prefill=True)
+    snap = Llm42Runtime(scheduler, config).snapshot()
+    settings = {k: v for k, v in snap.items() if k not in Llm42Stats().snapshot()}
+    settings.pop("reserved_kv_tokens")  # per rank: summed
+    return settings
+
+
+SETTINGS = _settings()
 
 
 def _rank(decision, steps: int, restarts: int) -> dict:
@@ -32,6 +49,8 @@ def test_counters_summed_settings_kept_recompute_recomputed():
     merged = merge_snapshots([_rank(ROLLBACK, 3, 1), _rank(ACCEPT, 1, 0), {"enabled": False}])
     assert merged["dp_ranks"] == 2
     assert {k: merged[k] for k in SETTINGS} == SETTINGS  # not multiplied by the rank count
+    assert SETTINGS["max_passes_per_step"] == 1 and SETTINGS["defer_verify_on_prefill"] is True
+    assert SETTINGS["solo_prefill_min_tokens"] == 1024
     assert (merged["verify_passes"], merged["rollbacks"], merged["tokens_rolled_back"]) == (2, 1, 3)
     assert (merged["steps_decode"], merged["retraction_restarts"], merged["early_results"]) == \
         (4, 1, 2)

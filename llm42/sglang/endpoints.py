@@ -6,11 +6,12 @@ Statistics live in the scheduler processes; they travel over SGLang's own intern
 
 from __future__ import annotations
 
+from llm42.core.stats import Llm42Stats
 from llm42.sglang.scheduler_hooks import META_KEYS, RESET_KEY
 
-# Settings, identical on every rank; every other number is a counter and is summed.
-_SETTINGS = {"window_size", "verify_batch_size", "inject_mismatch_rate", "skip_compare",
-             "max_verify_wait", "overlap_schedule", "batched_prefill", "prefix_cache", "enabled"}
+# Counters (Llm42Stats' keys, and per-rank KV) are summed over ranks; every other key is a
+# setting, identical on every rank, and kept as it is.
+_COUNTERS = set(Llm42Stats().snapshot()) | {"reserved_kv_tokens"}
 
 
 def merge_snapshots(snapshots: list[dict]) -> dict:
@@ -20,9 +21,8 @@ def merge_snapshots(snapshots: list[dict]) -> dict:
         timelines = [s["timeline"] for s in snapshots if s.get("timeline")]
         return {"enabled": False, **({"timelines": timelines} if timelines else {})}
     merged = dict(live[0])
-    for key, value in merged.items():
-        if key not in _SETTINGS and isinstance(value, (int, float)):
-            merged[key] = sum(s.get(key, 0) for s in live)
+    for key in _COUNTERS & merged.keys():
+        merged[key] = sum(s.get(key, 0) for s in live)
     done = merged["verified_tokens"] + merged["tokens_rolled_back"]
     merged["recompute_pct"] = 100.0 * merged["tokens_rolled_back"] / max(1, done)
     merged["dp_ranks"] = len(live)
