@@ -5,6 +5,7 @@
 
 Latency keys: `{group_}{ttft,itl,e2e}_{p50,p99,mean}_ms` for group "" (all requests), "det_"
 (requests labelled deterministic) and "normal_" (the rest); null when the group is empty.
+`{group_}itl_p99_ci_ms`: [low, high], a 95 % bootstrap interval of the ITL p99 over requests.
 """
 
 from __future__ import annotations
@@ -49,12 +50,40 @@ def _ms_stats(values: Sequence[float]) -> dict[str, float | None]:
             "mean": float(arr.mean())}
 
 
-def latency_stats(outputs: Sequence[RequestOutput], prefix: str) -> dict[str, float | None]:
+def p99_interval(per_request: Sequence[Sequence[float]], *, confidence: float = 0.95,
+                 n_resamples: int = 200, seed: int = 0) -> list[float] | None:
+    """Bootstrap interval (ms) of the p99 of the pooled values, resampling whole requests.
+
+    A request's inter-token latencies are correlated (they share its batch and its queueing), so
+    resampling single values would understate how much a p99 moves between runs. None with fewer
+    than two requests that have values."""
+    import inspect
+
+    from scipy.stats import bootstrap
+
+    arrays = [np.asarray(a, dtype=np.float64) for a in per_request if len(a)]
+    if len(arrays) < 2:
+        return None
+
+    def p99(index):
+        return np.percentile(np.concatenate([arrays[int(i)] for i in index]), 99) * 1000.0
+
+    rng = np.random.default_rng(seed)
+    seeding = {"rng": rng} if "rng" in inspect.signature(bootstrap).parameters else {
+        "random_state": rng}  # SciPy < 1.15
+    res = bootstrap((np.arange(len(arrays)),), p99, vectorized=False, n_resamples=n_resamples,
+                    confidence_level=confidence, method="percentile", **seeding)
+    return [float(res.confidence_interval.low), float(res.confidence_interval.high)]
+
+
+def latency_stats(outputs: Sequence[RequestOutput], prefix: str) -> dict:
     ok = [o for o in outputs if o.success]
     values = {"ttft": [o.ttft for o in ok], "itl": [x for o in ok for x in o.itl],
               "e2e": [o.latency for o in ok]}
-    return {f"{prefix}{lat}_{s}_ms": v for lat in LATENCIES
-            for s, v in _ms_stats(values[lat]).items()}
+    rec = {f"{prefix}{lat}_{s}_ms": v for lat in LATENCIES
+           for s, v in _ms_stats(values[lat]).items()}
+    rec[f"{prefix}itl_p99_ci_ms"] = p99_interval([o.itl for o in ok])
+    return rec
 
 
 def summarize(outputs: Sequence[RequestOutput], is_det: Sequence[bool], *,
@@ -90,6 +119,7 @@ def empty_summary() -> dict:
         for lat in LATENCIES:
             for s in STATS:
                 rec[f"{g}{lat}_{s}_ms"] = None
+        rec[f"{g}itl_p99_ci_ms"] = None
     return rec
 
 

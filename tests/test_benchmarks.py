@@ -647,7 +647,8 @@ def test_online_table_compares_normal_latency_with_nondet_at_the_same_rate(tmp_p
                     normal_ttft_p99_ms=2 * itl99, **kw)
     llm42 = {"window_size": 64, "verify_batch_size": 8, "verify_passes": 12,
              "llm42_stats": {"graphed_passes": 12}}
-    rows = [online("nondet", 16, 50.0), online("llm42", 16, 55.0, **llm42),
+    rows = [online("nondet", 16, 50.0, normal_itl_p99_ci_ms=[45.0, 56.5]),
+            online("llm42", 16, 55.0, **llm42),
             online("nondet", 24, 100.0), online("llm42", 24, 250.0, **llm42),
             _row("nondet", 0.0, 100.0)]  # rate inf: not an online run
     jsonl = tmp_path / "results.jsonl"
@@ -660,6 +661,7 @@ def test_online_table_compares_normal_latency_with_nondet_at_the_same_rate(tmp_p
     assert "| 55.0 | 1.100x |" in by_key[("sharegpt n=6 rate=16", "llm42 W64 B8")]
     assert "| 250.0 | 2.500x |" in by_key[("sharegpt n=6 rate=24", "llm42 W64 B8")]
     assert "| 12 (12 graphed) |" in (tmp_path / "table.md").read_text()
+    assert "| 50.0 [45.0, 56.5] | 1.000x |" in by_key[("sharegpt n=6 rate=16", "nondet")]
     png = tmp_path / "latency_vs_rate.png"
     assert png in written and png.read_bytes()[:4] == b"\x89PNG"
     # one rate only: the table, no load curve
@@ -667,3 +669,25 @@ def test_online_table_compares_normal_latency_with_nondet_at_the_same_rate(tmp_p
     png.unlink()
     assert png not in report.write_report(jsonl, tmp_path) and not png.exists()
     assert "## Online runs" in (tmp_path / "table.md").read_text()
+
+
+def test_p99_interval_resamples_whole_requests():
+    """The interval holds the pooled p99, is reproducible, narrows with more requests, and is
+    wider than a resampling of single values would make it when requests differ."""
+    import numpy as np
+
+    from benchmarks.metrics import p99_interval
+
+    rng = np.random.default_rng(1)
+    # each request has its own level (its batch, its queueing): correlated values
+    reqs = [rng.normal(level, 0.001, 50) for level in rng.uniform(0.005, 0.05, 40)]
+    pooled = np.percentile(np.concatenate(reqs), 99) * 1000
+    lo, hi = p99_interval(reqs)
+    assert lo <= pooled <= hi and p99_interval(reqs) == [lo, hi]
+    more = reqs * 8
+    lo8, hi8 = p99_interval(more)
+    assert hi8 - lo8 < hi - lo
+    singles = [[x] for r in reqs for x in r]  # the same values as independent requests
+    lo1, hi1 = p99_interval(singles)
+    assert hi1 - lo1 < hi - lo
+    assert p99_interval([[0.01, 0.02]]) is None and p99_interval([[], [0.01]]) is None
