@@ -1,4 +1,5 @@
-"""`/llm42_stats` over data-parallel ranks: counters summed, settings kept, ratios recomputed."""
+"""`/llm42_stats` over data-parallel ranks: counters summed, settings kept, ratios recomputed;
+the pass-path warning behind its `graphed_passes`."""
 
 from __future__ import annotations
 
@@ -65,3 +66,19 @@ def test_no_rank_with_llm42_reports_disabled():
     assert merge_snapshots([{"enabled": False, "timeline": "/t/a.jsonl"},
                             {"enabled": False, "timeline": None}]) == {
         "enabled": False, "timelines": ["/t/a.jsonl"]}
+
+
+def test_a_server_mixing_graphed_and_eager_passes_warns_once(caplog):
+    """Graphed and eager passes may compute a token differently: the operator hears of it."""
+    from types import SimpleNamespace
+
+    from llm42.sglang.scheduler_hooks import observe_pass_path
+
+    rt = SimpleNamespace(pass_paths=set())
+    with caplog.at_level("WARNING", logger="llm42.sglang.scheduler_hooks"):
+        for graphed in (True, True, True):
+            observe_pass_path(rt, graphed)
+        assert not caplog.records  # one path only: nothing to say
+        for graphed in (False, True, False):
+            observe_pass_path(rt, graphed)
+    assert len(caplog.records) == 1 and "both through CUDA graphs and eagerly" in caplog.text

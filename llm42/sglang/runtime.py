@@ -38,6 +38,7 @@ class Llm42Runtime:
         self.vocab_size = scheduler.model_config.vocab_size
         self.prefer_det_prefill = True  # alternates deterministic and normal prefill batches
         self.decode_step = 0  # decode batches processed; measures how long full windows wait
+        self.pass_paths: set[bool] = set()  # graphed (True) / eager (False) passes seen
         self.overlap = bool(getattr(scheduler, "enable_overlap", False))
         self.step_started: float | None = None  # when the running scheduler iteration began
         self.step_kind: str | None = None  # kind of the batch it launched (None: idle)

@@ -477,6 +477,7 @@ def _verify(rt, scheduler, batch, jobs) -> None:
         start += vpass.num_real_rows
         row_reqs = [req for req, _ in mine] + [None] * vpass.num_pad_rows
         results, seconds, graphed = verifier.run_pass(scheduler, batch, vpass, row_reqs)
+        observe_pass_path(rt, graphed)
         rt.stats.observe_pass(vpass.num_real_rows, vpass.num_pad_rows, seconds,
                               vpass.num_prompt_rows, graphed)
         if rt.metrics is not None:
@@ -486,6 +487,23 @@ def _verify(rt, scheduler, batch, jobs) -> None:
         for (req, decides), res in zip(mine, results):
             if decides:
                 _apply(rt, scheduler, batch, req, res)
+
+
+def observe_pass_path(rt, graphed: bool) -> None:
+    """Warn once when a server runs passes both through SGLang's prefill CUDA graphs and eagerly.
+
+    A verified token is only reproducible if every pass computes it the same way; a replayed graph
+    and the eager forward may not (e.g. a compiled piecewise graph fuses differently). Every pass
+    has the same B x W shape, so this should never happen; if it does, the outputs of this
+    server may depend on which path their passes took."""
+    if graphed in rt.pass_paths:
+        return
+    rt.pass_paths.add(graphed)
+    if len(rt.pass_paths) == 2:
+        logger.warning(
+            "llm42: verification passes ran both through CUDA graphs and eagerly on this server; "
+            "deterministic outputs may differ between the two paths (see graphed_passes in "
+            "/llm42_stats). Run with or without --cuda-graph-backend-prefill for every pass.")
 
 
 def _apply(rt, sched, batch, req, res: verifier.RowResult) -> None:
