@@ -28,7 +28,6 @@ class Llm42Config:
     batched_prefill: bool = True  # --[no-]llm42-batched-prefill
     prefix_cache: bool = False  # --llm42-prefix-cache
     solo_prefill_min_tokens: int | None = None  # --llm42-solo-prefill-min-tokens; None: auto
-    timeline_dir: str | None = None  # --llm42-timeline-dir (profiling; outputs unchanged)
 
     @property
     def solo_prefill_threshold(self) -> int | None:

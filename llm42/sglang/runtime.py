@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 RUNTIME: Llm42Runtime | None = None
-# A server started with --llm42-timeline-dir but without --enable-llm42 (a baseline such as plain
-# SGLang or --enable-deterministic-inference) records the same step timeline, nothing else.
+# --llm42-timeline-dir, with or without --enable-llm42: a baseline server (plain SGLang,
+# --enable-deterministic-inference) records the same step timeline as an llm42 one.
 TIMELINE: StepTimeline | None = None
 # True only while the verification forward runs (read by the LogitsMetadata hook).
 IN_VERIFY_PASS = False
@@ -42,7 +42,6 @@ class Llm42Runtime:
         self.overlap = bool(getattr(scheduler, "enable_overlap", False))
         self.step_started: float | None = None  # when the running scheduler iteration began
         self.step_kind: str | None = None  # kind of the batch it launched (None: idle)
-        self.timeline = open_timeline(config.timeline_dir) if config.timeline_dir else None
         self.metrics = None
         if getattr(scheduler, "enable_metrics", False):
             from llm42.sglang.metrics import Llm42Metrics
@@ -64,24 +63,24 @@ class Llm42Runtime:
             batched_prefill=self.config.batched_prefill,
             prefix_cache=self.config.prefix_cache,
             solo_prefill_min_tokens=self.config.solo_prefill_threshold,
-            timeline=str(self.timeline.path) if self.timeline is not None else None,
+            timeline=timeline_path(),
             # Dummy rows reuse SGLang's reserved padding row 0 / slot 0: no extra KV.
             reserved_kv_tokens=0,
         )
         return snap
 
 
-def open_timeline(folder: str | Path) -> StepTimeline:
+def install_timeline(folder: str | Path) -> StepTimeline:
     """One file per scheduler process: DP ranks and restarts never share a file."""
+    global TIMELINE
     path = Path(folder) / f"timeline-{os.getpid()}.jsonl"
     logger.info("llm42 step timeline: %s", path)
-    return StepTimeline(path)
-
-
-def install_timeline_only(folder: str | Path) -> StepTimeline:
-    global TIMELINE
-    TIMELINE = open_timeline(folder)
+    TIMELINE = StepTimeline(path)
     return TIMELINE
+
+
+def timeline_path() -> str | None:
+    return str(TIMELINE.path) if TIMELINE is not None else None
 
 
 def install(scheduler: Scheduler, config: Llm42Config) -> Llm42Runtime:

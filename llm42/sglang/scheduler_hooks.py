@@ -63,11 +63,11 @@ def scheduler_init_hook(result, scheduler, *args, **kwargs):
     from llm42.sglang.plugin import assert_hooks_applied
     from llm42.sglang.server_args import config_from_server_args
 
+    folder = getattr(scheduler.server_args, "llm42_timeline_dir", None)
+    if folder:  # also on a baseline server, to compare its step timeline with llm42's
+        runtime.install_timeline(folder)
     config = config_from_server_args(scheduler.server_args)
     if config is None:
-        folder = getattr(scheduler.server_args, "llm42_timeline_dir", None)
-        if folder:  # a baseline server: its step timeline only, to compare with llm42's
-            runtime.install_timeline_only(folder)
         return
     config.validate(scheduler.model_config.context_len)
     assert_hooks_applied()
@@ -355,27 +355,24 @@ def next_batch_hook(original, scheduler, running_batch, last_batch):
     A full window or a fast-path prompt waits (decoding on) until B rows fill a pass, it has
     waited `verify_wait_steps` decode steps, or a finish depends on it (`planner.select_jobs`;
     `--llm42-max-passes-per-step` spreads bursts over several steps)."""
-    rt = runtime.RUNTIME
-    if rt is None:
-        if runtime.TIMELINE is None:
-            return original(scheduler, running_batch, last_batch)
-        runtime.TIMELINE.begin()
-        plan = original(scheduler, running_batch, last_batch)
-        _record_launch(runtime.TIMELINE, _step_kind(plan.batch_to_run), scheduler,
-                       plan.batch_to_run)
-        return plan
+    rt, timeline = runtime.RUNTIME, runtime.TIMELINE
+    if rt is None and timeline is None:
+        return original(scheduler, running_batch, last_batch)
     now = time.perf_counter()
-    if rt.step_kind is not None:
-        rt.stats.observe_step(rt.step_kind, now - rt.step_started)
-    if rt.timeline is not None:
-        rt.timeline.begin(now)
-    if running_batch is not None and running_batch.reqs:
-        _verify_due(rt, scheduler, running_batch)
+    if timeline is not None:
+        timeline.begin(now)
+    if rt is not None:
+        if rt.step_kind is not None:
+            rt.stats.observe_step(rt.step_kind, now - rt.step_started)
+        if running_batch is not None and running_batch.reqs:
+            _verify_due(rt, scheduler, running_batch)
     plan = original(scheduler, running_batch, last_batch)
     batch = plan.batch_to_run
-    rt.step_started, rt.step_kind = time.perf_counter(), _step_kind(batch)
-    if rt.timeline is not None:
-        _record_launch(rt.timeline, rt.step_kind, scheduler, batch)
+    kind = _step_kind(batch)
+    if rt is not None:
+        rt.step_started, rt.step_kind = time.perf_counter(), kind
+    if timeline is not None:
+        _record_launch(timeline, kind, scheduler, batch)
     return plan
 
 
@@ -460,8 +457,8 @@ def _drain(scheduler) -> bool:
     queue.appendleft((pending_batch, DRAINED))
     rt = runtime.RUNTIME
     rt.stats.observe_early_result()
-    if rt.timeline is not None:
-        rt.timeline.observe_drain()
+    if runtime.TIMELINE is not None:
+        runtime.TIMELINE.observe_drain()
     return True
 
 
@@ -482,8 +479,8 @@ def _verify(rt, scheduler, batch, jobs) -> None:
                               vpass.num_prompt_rows, graphed)
         if rt.metrics is not None:
             rt.metrics.observe_pass(vpass.num_real_rows, vpass.num_pad_rows, seconds)
-        if rt.timeline is not None:
-            rt.timeline.observe_pass(vpass.num_real_rows, vpass.num_prompt_rows, seconds)
+        if runtime.TIMELINE is not None:
+            runtime.TIMELINE.observe_pass(vpass.num_real_rows, vpass.num_prompt_rows, seconds)
         for (req, decides), res in zip(mine, results):
             if decides:
                 _apply(rt, scheduler, batch, req, res)
@@ -575,12 +572,8 @@ def _put(values: list, i: int, value) -> None:
 
 def get_internal_state_hook(result, scheduler, *args, **kwargs):
     rt = runtime.RUNTIME
-    if rt is not None:
-        result.internal_state["llm42"] = rt.snapshot()
-    else:
-        tl = runtime.TIMELINE
-        result.internal_state["llm42"] = {"enabled": False,
-                                          "timeline": str(tl.path) if tl is not None else None}
+    result.internal_state["llm42"] = rt.snapshot() if rt is not None else {
+        "enabled": False, "timeline": runtime.timeline_path()}
     return result
 
 
@@ -592,10 +585,9 @@ def set_internal_state_hook(original, scheduler, recv_req):
         return original(scheduler, recv_req)
     from sglang.srt.managers.io_struct import SetInternalStateReqOutput
 
-    rt = runtime.RUNTIME
+    rt, timeline = runtime.RUNTIME, runtime.TIMELINE
     if rt is not None:
         rt.stats.reset()
-    timeline = rt.timeline if rt is not None else runtime.TIMELINE
     if timeline is not None:
         timeline.event("reset")
     return SetInternalStateReqOutput(updated=rt is not None or timeline is not None)

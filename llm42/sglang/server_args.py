@@ -157,7 +157,6 @@ def config_from_values(values: dict, seed: int | None) -> Llm42Config:
         batched_prefill=values["llm42_batched_prefill"],
         prefix_cache=values["llm42_prefix_cache"],
         solo_prefill_min_tokens=values["llm42_solo_prefill_min_tokens"],
-        timeline_dir=values["llm42_timeline_dir"],
     )
 
 
