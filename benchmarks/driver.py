@@ -80,6 +80,8 @@ def server_configs(args) -> list[ServerConfig]:
                 if extra:
                     flags += shlex.split(extra)
                     meta["llm42_args"] = extra
+                    # a variant may set its own B; the last flag wins in SGLang's parser too
+                    meta["verify_batch_size"] = int(_opts(flags)["--llm42-verify-batch-size"])
                     label += "-" + _flag_label(extra)
                 if name == "llm42-skip-compare":
                     flags.append("--llm42-skip-compare")

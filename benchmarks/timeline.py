@@ -14,6 +14,7 @@ resets llm42's stats after its warmup, once per run).
 from __future__ import annotations
 
 import argparse
+import gzip
 import itertools
 import json
 import sys
@@ -28,7 +29,8 @@ PREFILL_KINDS = ("prefill", "det_prefill")
 def load_segments(path: Path) -> list[list[dict]]:
     """Iteration records of one timeline file, split at its events (empty segments dropped)."""
     segments: list[list[dict]] = [[]]
-    with open(path, encoding="utf-8") as f:
+    opener = gzip.open if str(path).endswith(".gz") else open  # recorded results are gzipped
+    with opener(path, "rt", encoding="utf-8") as f:
         for line in f:
             if not line.strip():
                 continue
@@ -168,7 +170,7 @@ def plot(named_records: dict[str, list[dict]], path: Path) -> None:
 def _files(inputs: list[str]) -> list[Path]:
     files: list[Path] = []
     for item in map(Path, inputs):
-        files += sorted(item.glob("timeline-*.jsonl")) if item.is_dir() else [item]
+        files += sorted(item.glob("timeline-*.jsonl*")) if item.is_dir() else [item]
     return files
 
 
@@ -180,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     named: dict[str, list[dict]] = {}
     for path in _files(args.inputs):
         for i, segment in enumerate(load_segments(path)):
-            named[f"{path.stem} segment {i}"] = segment
+            named[f"{path.name.split('.')[0]} segment {i}"] = segment
     if not named:
         print(f"no timeline records in {args.inputs}", file=sys.stderr)
         return 1

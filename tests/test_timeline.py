@@ -3,7 +3,9 @@ makes of it, on synthetic iterations and on a real CPU server's."""
 
 from __future__ import annotations
 
+import gzip
 import json
+import shutil
 
 import pytest
 import requests
@@ -50,6 +52,15 @@ def test_recorder_writes_one_line_per_busy_iteration(tmp_path):
     assert third["dt"] == pytest.approx(0.03) and lines[4]["drained"] is False
     assert third["launch"] == pytest.approx(0.03) and lines[4]["launch"] == 0  # after its passes
     assert [len(s) for s in load_segments(tmp_path / "t.jsonl")] == [2, 2]
+
+    # recorded results are committed gzipped: the same segments, and a folder of them summarizes
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    with open(tmp_path / "t.jsonl", "rb") as src, gzip.open(kept / "timeline-7.jsonl.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    assert load_segments(kept / "timeline-7.jsonl.gz") == load_segments(tmp_path / "t.jsonl")
+    assert main([str(kept), "--out-dir", str(kept)]) == 0
+    assert "timeline-7 segment 1" in (kept / "timeline.md").read_text()
 
 
 def _rec(t, kind, verify_s=0.0, passes=0, dt=0.0, launch=0.0):
