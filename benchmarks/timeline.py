@@ -72,7 +72,24 @@ def _ms(values, q) -> float | None:
     return round(float(np.percentile(values, q)) * 1000, 2) if len(values) else None
 
 
-def summarize(records: list[dict]) -> dict:
+def tail(gaps: list[dict], threshold_s: float | None = None) -> dict:
+    """What the slow gaps held: those at or over `threshold_s`, by default the gaps' own p99.
+
+    A p99 hides 1 % of gaps; what makes up the slowest ones says which lever moves it (several
+    passes in one step: a pass cap; a pass next to a prefill: deferral; a lone pass: its cost)."""
+    if threshold_s is None:
+        threshold_s = float(np.percentile([g["gap_s"] for g in gaps], 99)) if gaps else 0.0
+    slow = [g for g in gaps if g["gap_s"] >= threshold_s]
+    return {
+        "threshold_ms": round(threshold_s * 1000, 2),
+        "gaps": len(slow),
+        "by_class": {cls: sum(1 for g in slow if g["class"] == cls) for cls in CLASSES},
+        "several_passes": sum(1 for g in slow if g["passes"] > 1),
+        "one_pass_alone": sum(1 for g in slow if g["class"] == "verify" and g["passes"] == 1),
+    }
+
+
+def summarize(records: list[dict], tail_s: float | None = None) -> dict:
     gaps = decode_gaps(records)
     total_gap = sum(g["gap_s"] for g in gaps)
     classes = {}
@@ -108,6 +125,8 @@ def summarize(records: list[dict]) -> dict:
         "verify_pass_mean_ms": round(verify_s / passes * 1000, 2) if passes else None,
         "verify_share_of_span": round(verify_s / span, 4) if span else None,
         "drained_iterations": sum(1 for r in records if r.get("drained")),
+        "several_pass_gaps": sum(1 for g in gaps if g["passes"] > 1),
+        "tail": tail(gaps, tail_s),
         "max_running": max((r.get("running", 0) for r in records), default=0),
         "max_queued": max((r.get("queued", 0) for r in records), default=0),
     }
@@ -135,6 +154,12 @@ def markdown(summaries: dict[str, dict]) -> str:
             out.append(f"| {cls} | {c['gaps']} | {_fmt(c['gap_share'])} | "
                        f"{_fmt(c['time_share'])} | {_fmt(c['p50_ms'])} / {_fmt(c['p90_ms'])} / "
                        f"{_fmt(c['p99_ms'])} |")
+        t = s["tail"]
+        held = ", ".join(f"{n} {cls}" for cls, n in t["by_class"].items() if n)
+        out += ["", (f"Gaps of {_fmt(t['threshold_ms'])} ms or more: {t['gaps']} ({held or 'none'}); "
+                     f"{t['several_passes']} of them ran several passes in one step, "
+                     f"{t['one_pass_alone']} a single pass and no prefill "
+                     f"({s['several_pass_gaps']} gaps with several passes in all).")]
         out += ["", "| iteration launched | iterations | seconds | mean (ms) |", "|---|---|---|---|"]
         for kind, k in s["iterations"].items():
             out.append(f"| {kind} | {k['iterations']} | {k['seconds']} | {k['mean_ms']} |")
@@ -178,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("inputs", nargs="+", help="timeline files or directories holding them")
     p.add_argument("--out-dir", default=None, help="write timeline.md/.json/.png here")
+    p.add_argument("--tail-ms", type=float, default=None,
+                   help="break down the gaps of at least this length (e.g. 1.15 x a baseline's "
+                        "gap p99); default: each segment's own p99")
     args = p.parse_args(argv)
     named: dict[str, list[dict]] = {}
     for path in _files(args.inputs):
@@ -186,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     if not named:
         print(f"no timeline records in {args.inputs}", file=sys.stderr)
         return 1
-    summaries = {name: summarize(recs) for name, recs in named.items()}
+    tail_s = args.tail_ms / 1000 if args.tail_ms is not None else None
+    summaries = {name: summarize(recs, tail_s) for name, recs in named.items()}
     text = markdown(summaries)
     print(text)
     if args.out_dir:

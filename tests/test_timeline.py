@@ -10,7 +10,7 @@ import shutil
 import pytest
 import requests
 
-from benchmarks.timeline import decode_gaps, load_segments, main, summarize
+from benchmarks.timeline import decode_gaps, load_segments, main, summarize, tail
 from llm42.core.timeline import StepTimeline
 
 
@@ -96,6 +96,24 @@ def test_gaps_are_classed_by_what_ran_between_two_decodes():
     assert [round(g["gap_s"], 3) for g in decode_gaps(old)] == [0.01, 0.04, 0.03, 0.05, 0.07]
     assert s["iterations"]["decode"]["iterations"] == 6
     assert s["span_s"] == pytest.approx(0.21)
+
+
+def test_tail_says_what_the_slow_gaps_held():
+    records = [
+        _rec(0.00, "decode"),
+        _rec(0.01, "decode"),                                        # 10 ms, decode
+        _rec(0.04, "decode", verify_s=0.02, passes=2, launch=0.02),  # 50 ms, two passes
+        _rec(0.08, "decode", verify_s=0.01, passes=1, launch=0.01),  # 30 ms, one pass alone
+        _rec(0.10, "prefill"),
+        _rec(0.13, "decode"),                                        # 40 ms, prefill
+    ]
+    t = tail(decode_gaps(records), 0.030)
+    assert t["threshold_ms"] == 30.0 and t["gaps"] == 3
+    assert t["by_class"] == {"decode": 0, "prefill": 1, "verify": 2, "prefill+verify": 0}
+    assert (t["several_passes"], t["one_pass_alone"]) == (1, 1)
+    assert tail(decode_gaps(records))["gaps"] == 1  # default: the gaps' own p99, the 50 ms one
+    s = summarize(records, 0.045)
+    assert s["several_pass_gaps"] == 1 and s["tail"]["by_class"]["verify"] == 1
 
 
 @pytest.mark.server
