@@ -65,6 +65,8 @@ def _scheduling_label(stats: dict, window: int | None) -> str:
         label += f" cap{stats['max_passes_per_step']}"
     if stats.get("defer_verify_on_prefill"):
         label += " defer-on-prefill"
+    if stats.get("overlap_verify"):
+        label += " overlap-verify"
     return label
 
 

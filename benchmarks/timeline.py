@@ -156,11 +156,12 @@ def markdown(summaries: dict[str, dict]) -> str:
                        f"{_fmt(c['p99_ms'])} |")
         t = s["tail"]
         held = ", ".join(f"{n} {cls}" for cls, n in t["by_class"].items() if n)
-        out += ["", (f"Gaps of {_fmt(t['threshold_ms'])} ms or more: {t['gaps']} ({held or 'none'}); "
-                     f"{t['several_passes']} of them ran several passes in one step, "
-                     f"{t['one_pass_alone']} a single pass and no prefill "
+        out += ["", (f"Gaps of {_fmt(t['threshold_ms'])} ms or more: {t['gaps']} "
+                     f"({held or 'none'}); {t['several_passes']} of them ran several passes "
+                     f"in one step, {t['one_pass_alone']} a single pass and no prefill "
                      f"({s['several_pass_gaps']} gaps with several passes in all).")]
-        out += ["", "| iteration launched | iterations | seconds | mean (ms) |", "|---|---|---|---|"]
+        out += ["", "| iteration launched | iterations | seconds | mean (ms) |",
+                "|---|---|---|---|"]
         for kind, k in s["iterations"].items():
             out.append(f"| {kind} | {k['iterations']} | {k['seconds']} | {k['mean_ms']} |")
         out.append("")

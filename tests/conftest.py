@@ -79,11 +79,12 @@ def batched_server(tiny_model, tmp_path_factory):
     Prompts longer than CHUNK tokens prefill in chunks (alone or batched); deterministic
     requests share verified prompt rows through the radix cache (`--llm42-prefix-cache`);
     prompts of SOLO_MIN tokens or more prefill alone (`--llm42-solo-prefill-min-tokens`); passes
-    are held back in steps that prefill (`--llm42-defer-verify-on-prefill`)."""
+    are held back in steps that prefill (`--llm42-defer-verify-on-prefill`), and queued before the
+    result in flight is processed (`--llm42-overlap-verify`)."""
     args = _llm42_args(rate=0.2) + ["--llm42-batched-prefill", "--llm42-prefix-cache",
                                     "--chunked-prefill-size", str(CHUNK),
                                     "--llm42-solo-prefill-min-tokens", str(SOLO_MIN),
-                                    "--llm42-defer-verify-on-prefill"]
+                                    "--llm42-defer-verify-on-prefill", "--llm42-overlap-verify"]
     server = _start(tiny_model, args, "batched", tmp_path_factory,
                     env={"LLM42_TEST_PERTURB_PREFILL": "1"})
     yield server

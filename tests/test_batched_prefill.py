@@ -60,6 +60,9 @@ def test_alone_concurrent_batched_identical(batched_server, case):
     assert after["verify_passes"] > before["verify_passes"]
     assert after["prompt_rows"] >= before["prompt_rows"] + 3 * len(prompts), after
     assert after["injected_mismatches"] > before["injected_mismatches"], after
+    # Passes were queued behind the decode step in flight, its result processed while they ran
+    # (--llm42-overlap-verify), and the outputs above are still the request's own.
+    assert after["overlapped_passes"] > before["overlapped_passes"], after
     wait_idle_and_healthy(batched_server)
 
 

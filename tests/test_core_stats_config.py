@@ -26,6 +26,7 @@ SNAPSHOT_KEYS = {
     "verify_time_s",
     "det_requests_finished",
     "early_results",
+    "overlapped_passes",
     "steps_decode", "steps_prefill", "steps_det_prefill",
     "step_time_decode_s", "step_time_prefill_s", "step_time_det_prefill_s",
 }
@@ -69,6 +70,7 @@ def test_stats_arithmetic() -> None:
     stats.observe_cached_prompt(128)
     stats.observe_restart()
     stats.observe_early_result()
+    stats.observe_overlapped_passes(2)
     stats.observe_step("decode", 0.125)
     stats.observe_step("decode", 0.25)
     stats.observe_step("det_prefill", 0.5)
@@ -90,6 +92,7 @@ def test_stats_arithmetic() -> None:
         "det_requests_finished": 1,
         "retraction_restarts": 1,
         "early_results": 1,
+        "overlapped_passes": 2,
         "steps_decode": 2, "steps_prefill": 0, "steps_det_prefill": 1,
         "step_time_decode_s": 0.375, "step_time_prefill_s": 0.0, "step_time_det_prefill_s": 0.5,
     }

@@ -33,7 +33,8 @@ FLAGS = ("--enable-llm42", "--llm42-window-size", "--llm42-verify-batch-size",
          "--llm42-inject-mismatch-rate", "--llm42-skip-compare", "--llm42-max-verify-wait",
          "--llm42-batched-prefill", "--no-llm42-batched-prefill",
          "--llm42-solo-prefill-min-tokens", "--llm42-timeline-dir",
-         "--llm42-max-passes-per-step", "--llm42-defer-verify-on-prefill")
+         "--llm42-max-passes-per-step", "--llm42-defer-verify-on-prefill",
+         "--llm42-overlap-verify")
 BAD_FLAGS = [
     (["--llm42-window-size", "0"], "--llm42-window-size"),  # zero window
     (["--llm42-window-size", "-3"], "--llm42-window-size"),  # negative window

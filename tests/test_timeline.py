@@ -56,7 +56,8 @@ def test_recorder_writes_one_line_per_busy_iteration(tmp_path):
     # recorded results are committed gzipped: the same segments, and a folder of them summarizes
     kept = tmp_path / "kept"
     kept.mkdir()
-    with open(tmp_path / "t.jsonl", "rb") as src, gzip.open(kept / "timeline-7.jsonl.gz", "wb") as dst:
+    with open(tmp_path / "t.jsonl", "rb") as src, \
+            gzip.open(kept / "timeline-7.jsonl.gz", "wb") as dst:
         shutil.copyfileobj(src, dst)
     assert load_segments(kept / "timeline-7.jsonl.gz") == load_segments(tmp_path / "t.jsonl")
     assert main([str(kept), "--out-dir", str(kept)]) == 0

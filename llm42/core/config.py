@@ -25,6 +25,7 @@ class Llm42Config:
     max_verify_wait: int | None = None  # --llm42-max-verify-wait; None: W // 4
     max_passes_per_step: int = 0  # --llm42-max-passes-per-step; 0: no cap
     defer_verify_on_prefill: bool = False  # --llm42-defer-verify-on-prefill
+    overlap_verify: bool = False  # --llm42-overlap-verify
     batched_prefill: bool = True  # --[no-]llm42-batched-prefill
     prefix_cache: bool = False  # --llm42-prefix-cache
     solo_prefill_min_tokens: int | None = None  # --llm42-solo-prefill-min-tokens; None: auto

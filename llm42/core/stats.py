@@ -33,6 +33,7 @@ class Llm42Stats:
     det_requests_finished: int = 0
     retraction_restarts: int = 0  # deterministic requests retracted and restarted from the prompt
     early_results: int = 0  # overlap loop: in-flight results processed early so a pass could run
+    overlapped_passes: int = 0  # passes queued before that result was processed (overlap_verify)
     # Wall time of scheduler iterations by batch kind, verification passes excluded (exact with
     # the normal loop; with the overlap loop an iteration also waits for the previous batch).
     steps: dict = field(default_factory=lambda: dict.fromkeys(STEP_KINDS, 0))
@@ -70,6 +71,9 @@ class Llm42Stats:
     def observe_early_result(self) -> None:
         self.early_results += 1
 
+    def observe_overlapped_passes(self, num_passes: int) -> None:
+        self.overlapped_passes += num_passes
+
     def observe_step(self, kind: str, seconds: float) -> None:
         self.steps[kind] += 1
         self.step_time_s[kind] += seconds
@@ -98,6 +102,7 @@ class Llm42Stats:
             "det_requests_finished": self.det_requests_finished,
             "retraction_restarts": self.retraction_restarts,
             "early_results": self.early_results,
+            "overlapped_passes": self.overlapped_passes,
             **{f"steps_{k}": v for k, v in self.steps.items()},
             **{f"step_time_{k}_s": v for k, v in self.step_time_s.items()},
         }

@@ -59,6 +59,7 @@ class Llm42Runtime:
             max_verify_wait=self.config.verify_wait_steps,
             max_passes_per_step=self.config.max_passes_per_step,
             defer_verify_on_prefill=self.config.defer_verify_on_prefill,
+            overlap_verify=self.config.overlap_verify,
             overlap_schedule=self.overlap,
             batched_prefill=self.config.batched_prefill,
             prefix_cache=self.config.prefix_cache,

@@ -303,13 +303,7 @@ def sampling_info_hook(result, cls, batch, vocab_size, *args, **kwargs):
             if getattr(req, "_llm42_noise_seed", None) is None:
                 req._llm42_noise_seed = random.getrandbits(62)
             seeds.append(req._llm42_noise_seed)
-    # Pinned and non-blocking, as SGLang copies its own sampling tensors: a blocking copy on
-    # the overlap loop's schedule stream waits for the forward in flight.
-    from sglang.srt.utils.common import is_pin_memory_available
-
-    pin = is_pin_memory_available(batch.device)
-    result.sampling_seed = torch.tensor(seeds, dtype=torch.int64, pin_memory=pin).to(
-        batch.device, non_blocking=True)
+    result.sampling_seed = verifier.to_device(seeds, torch.int64, batch.device)
     return result
 
 
@@ -415,9 +409,12 @@ def _verify_due(rt, scheduler, batch) -> None:
                              cfg.max_passes_per_step, hold)
         if not chosen:
             break
-        if not drained:
+        overlap = False
+        if not drained and _in_flight(scheduler):
             drained = True
-            if _drain(scheduler):
+            overlap = cfg.overlap_verify and all(_range_is_fixed(ready[i][1]) for i in chosen)
+            if not overlap:
+                _drain(scheduler)
                 continue  # the in-flight result changed the candidates: choose again
         jobs = []
         for req, st in (ready[i] for i in chosen):
@@ -426,7 +423,7 @@ def _verify_due(rt, scheduler, batch) -> None:
                 jobs.append((req, build_prompt_rows(st, req.origin_input_ids)))
             else:
                 jobs.append((req, [build_row(st, req.output_ids)]))
-        _verify(rt, scheduler, batch, jobs)
+        _verify(rt, scheduler, batch, jobs, overlap)
         for req, _ in jobs:
             req._llm42_ready_at = None
             if not any(req is t for t in touched):
@@ -445,13 +442,23 @@ def _prefill_coming(scheduler, batch) -> bool:
     return bool(scheduler.waiting_queue) and len(batch.reqs) < scheduler.max_running_requests
 
 
-def _drain(scheduler) -> bool:
-    """Overlap loop: process the in-flight result now; True if there was one.
+def _in_flight(scheduler) -> bool:
+    """Overlap loop: a launched batch whose result has not been processed yet."""
+    queue = getattr(scheduler, "result_queue", None) if scheduler.enable_overlap else None
+    return bool(queue) and queue[0][1] is not DRAINED
+
+
+def _range_is_fixed(state) -> bool:
+    """The job compares the same candidates whatever the in-flight step appends: a full window
+    (its end is fixed) or a prompt (o_0 only). A finishing request's partial window would grow."""
+    return state.is_prompt_pending or state.num_output_tokens >= state.window_end
+
+
+def _drain(scheduler) -> None:
+    """Overlap loop: process the in-flight result now (`_in_flight` must hold).
 
     The loop pops one queue entry per launched batch, so the entry stays as `DRAINED`."""
-    queue = getattr(scheduler, "result_queue", None) if scheduler.enable_overlap else None
-    if not queue or queue[0][1] is DRAINED:
-        return False
+    queue = scheduler.result_queue
     pending_batch, pending_result = queue.popleft()
     scheduler.process_batch_result(pending_batch, pending_result)
     queue.appendleft((pending_batch, DRAINED))
@@ -459,31 +466,57 @@ def _drain(scheduler) -> bool:
     rt.stats.observe_early_result()
     if runtime.TIMELINE is not None:
         runtime.TIMELINE.observe_drain()
-    return True
 
 
-def _verify(rt, scheduler, batch, jobs) -> None:
+def _verify(rt, scheduler, batch, jobs, overlap: bool = False) -> None:
     """Run the rows of `jobs` ((request, its rows) pairs, in order) in B x W passes; a request
-    is decided by its last row (one row for a window, ceil(P / W) rows for a prompt)."""
+    is decided by its last row (one row for a window, ceil(P / W) rows for a prompt).
+
+    `overlap` (`--llm42-overlap-verify`, a result in flight, every job's range fixed): the passes
+    are queued on the GPU behind the decode step in flight, that step's result is processed while
+    they run, and only then are they sampled and decided. The decisions see the processed result,
+    as after a drain: the in-flight step only appended candidates past the compared ranges."""
     cfg = rt.config
     owners = [(req, i == len(rows) - 1) for req, rows in jobs for i in range(len(rows))]
     rows = [row for _, rows in jobs for row in rows]
-    start = 0
+    launched, start = [], 0
+    if overlap:
+        _after_step_in_flight(scheduler)
     for vpass in plan_passes(rows, cfg.verify_batch_size, cfg.window_size):
         mine = owners[start : start + vpass.num_real_rows]
         start += vpass.num_real_rows
         row_reqs = [req for req, _ in mine] + [None] * vpass.num_pad_rows
-        results, seconds, graphed = verifier.run_pass(scheduler, batch, vpass, row_reqs)
-        observe_pass_path(rt, graphed)
-        rt.stats.observe_pass(vpass.num_real_rows, vpass.num_pad_rows, seconds,
-                              vpass.num_prompt_rows, graphed)
-        if rt.metrics is not None:
-            rt.metrics.observe_pass(vpass.num_real_rows, vpass.num_pad_rows, seconds)
-        if runtime.TIMELINE is not None:
-            runtime.TIMELINE.observe_pass(vpass.num_real_rows, vpass.num_prompt_rows, seconds)
-        for (req, decides), res in zip(mine, results):
-            if decides:
-                _apply(rt, scheduler, batch, req, res)
+        launched.append((vpass, mine, verifier.launch_pass(scheduler, batch, vpass, row_reqs)))
+        if not overlap:  # one pass at a time, as before
+            _finish(rt, scheduler, batch, *launched.pop())
+    if overlap:
+        _drain(scheduler)
+        rt.stats.observe_overlapped_passes(len(launched))
+        for item in launched:
+            _finish(rt, scheduler, batch, *item)
+
+
+def _after_step_in_flight(scheduler) -> None:
+    """Order the passes after the decode step in flight on the GPU, without waiting for it on
+    the host: it runs on SGLang's forward stream, the passes on the schedule stream."""
+    forward_stream = getattr(scheduler, "forward_stream", None)
+    if forward_stream is not None and torch.cuda.is_available() and str(
+            getattr(scheduler, "device", "")).startswith("cuda"):
+        torch.cuda.current_stream().wait_stream(forward_stream)
+
+
+def _finish(rt, scheduler, batch, vpass, mine, launched) -> None:
+    results, seconds, graphed = launched.finish(scheduler)
+    observe_pass_path(rt, graphed)
+    rt.stats.observe_pass(vpass.num_real_rows, vpass.num_pad_rows, seconds,
+                          vpass.num_prompt_rows, graphed)
+    if rt.metrics is not None:
+        rt.metrics.observe_pass(vpass.num_real_rows, vpass.num_pad_rows, seconds)
+    if runtime.TIMELINE is not None:
+        runtime.TIMELINE.observe_pass(vpass.num_real_rows, vpass.num_prompt_rows, seconds)
+    for (req, decides), res in zip(mine, results):
+        if decides and not req.finished():  # aborted while an overlapped pass ran: KV freed
+            _apply(rt, scheduler, batch, req, res)
 
 
 def observe_pass_path(rt, graphed: bool) -> None:

@@ -20,6 +20,7 @@ FLAG_DEFAULTS = {
     "llm42_max_verify_wait": None,
     "llm42_max_passes_per_step": 0,
     "llm42_defer_verify_on_prefill": False,
+    "llm42_overlap_verify": False,
     "llm42_batched_prefill": True,
     "llm42_prefix_cache": False,
     "llm42_solo_prefill_min_tokens": None,
@@ -70,6 +71,14 @@ def add_cli_args_hook(original, parser: argparse.ArgumentParser):
         "waiting request and room for it), so that a prefill and a pass do not lengthen the "
         "same gap between decode steps; overdue jobs (2 x the max verify wait + 1 steps) run "
         "regardless.",
+    )
+    group.add_argument(
+        "--llm42-overlap-verify",
+        action="store_true",
+        help="Overlap scheduler (SGLang's default): queue a verification pass behind the decode "
+        "step in flight and process that step's result while the GPU verifies, instead of "
+        "waiting for it first (passes of full windows and prompts; a finishing request's "
+        "partial window still waits). Experimental: not yet measured on a GPU.",
     )
     group.add_argument(
         "--llm42-batched-prefill",
@@ -154,6 +163,7 @@ def config_from_values(values: dict, seed: int | None) -> Llm42Config:
         max_verify_wait=values["llm42_max_verify_wait"],
         max_passes_per_step=values["llm42_max_passes_per_step"],
         defer_verify_on_prefill=values["llm42_defer_verify_on_prefill"],
+        overlap_verify=values["llm42_overlap_verify"],
         batched_prefill=values["llm42_batched_prefill"],
         prefix_cache=values["llm42_prefix_cache"],
         solo_prefill_min_tokens=values["llm42_solo_prefill_min_tokens"],

@@ -47,11 +47,41 @@ class RowResult:
     top_logprobs_idx: list | None
 
 
+@dataclass
+class LaunchedPass:
+    """A pass whose forward is queued on the GPU; `finish()` samples it and waits for it.
+
+    The rows' logits are copied out at launch: a replayed CUDA graph writes every pass's logits
+    into the same buffer, so a later pass would overwrite them."""
+
+    vpass: VerifyPass
+    reqs: list
+    entries: list[tuple[int, int]]  # (row, entry) pairs whose token a decision reads
+    logits: torch.Tensor | None  # [len(entries), vocab] float32, None when nothing is compared
+    graphed: bool
+    launch_s: float
+
+    def finish(self, scheduler: Scheduler) -> tuple[list[RowResult | None], float, bool]:
+        """The rows' results, the pass's seconds (launch + sampling, not what ran in between)
+        and whether it replayed a CUDA graph."""
+        t0 = time.perf_counter()
+        results = _sample_rows(scheduler, self.vpass, self.reqs, self.entries, self.logits)
+        return results, self.launch_s + time.perf_counter() - t0, self.graphed
+
+
 def run_pass(
     scheduler: Scheduler, decode_batch: ScheduleBatch, vpass: VerifyPass, reqs: list[Req | None]
 ) -> tuple[list[RowResult | None], float, bool]:
     """Forward + sample one pass; `reqs[i]` is the request of row i (None for dummy rows).
     Returns the rows' results, the pass's seconds and whether it replayed a CUDA graph."""
+    return launch_pass(scheduler, decode_batch, vpass, reqs).finish(scheduler)
+
+
+def launch_pass(
+    scheduler: Scheduler, decode_batch: ScheduleBatch, vpass: VerifyPass, reqs: list[Req | None]
+) -> LaunchedPass:
+    """Queue one pass's forward. Its host-to-device copies do not block, so with the overlap loop
+    it can be queued behind the decode step in flight (see `scheduler_hooks`)."""
     t0 = time.perf_counter()
     device = decode_batch.device
     W = vpass.window_size
@@ -83,11 +113,11 @@ def run_pass(
         len(pool_idx) - len(reqs)
     )
     batch.forward_mode = _extend_mode()
-    batch.input_ids = torch.tensor(flat_ids, dtype=torch.int64, device=device)
-    batch.req_pool_indices = torch.tensor(pool_idx, dtype=torch.int64, device=device)
-    batch.seq_lens = torch.tensor(seq_lens, dtype=torch.int64, device=device)
+    batch.input_ids = to_device(flat_ids, torch.int64, device)
+    batch.req_pool_indices = to_device(pool_idx, torch.int64, device)
+    batch.seq_lens = to_device(seq_lens, torch.int64, device)
     batch.seq_lens_cpu = torch.tensor(seq_lens, dtype=torch.int64)
-    batch.orig_seq_lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    batch.orig_seq_lens = to_device(seq_lens, torch.int32, device)
     batch.seq_lens_sum = sum(seq_lens)
     batch.out_cache_loc = torch.cat(locs)
     batch.prefix_lens, batch.extend_lens = prefix_lens, extend_lens
@@ -115,11 +145,27 @@ def run_pass(
         rt.IN_VERIFY_PASS = False
     logits = result.logits_output.next_token_logits  # [num_tokens, vocab]
     assert logits.shape[0] == len(vpass.rows) * W, f"verify logits {tuple(logits.shape)}"
-    results = _sample_rows(scheduler, vpass, reqs, logits)
-    return results, time.perf_counter() - t0, bool(result.can_run_cuda_graph)
+    entries = [(r, j) for r, row in enumerate(vpass.rows) if not row.is_pad
+               for j in range(row.sample_from, row.num_real)]
+    picked = None
+    if entries:
+        index = to_device([r * W + j for r, j in entries], torch.int64, device)
+        picked = logits.index_select(0, index).float()
+    return LaunchedPass(vpass, reqs, entries, picked, bool(result.can_run_cuda_graph),
+                        time.perf_counter() - t0)
 
 
-def _sample_rows(scheduler, vpass: VerifyPass, reqs, logits: torch.Tensor):
+def to_device(values: list, dtype: torch.dtype, device) -> torch.Tensor:
+    """A host list on `device` without blocking: from pinned memory, as SGLang copies its own
+    batch tensors (a blocking copy on the overlap loop's schedule stream would wait for the
+    forward in flight)."""
+    from sglang.srt.utils.common import is_pin_memory_available
+
+    host = torch.tensor(values, dtype=dtype, pin_memory=is_pin_memory_available(device))
+    return host.to(device, non_blocking=True)
+
+
+def _sample_rows(scheduler, vpass: VerifyPass, reqs, entries, logits):
     """Sample the real entries a decision reads (all of a window row, the last of a prompt) in
     one call of the model runner's Sampler, as decode does.
 
@@ -128,18 +174,13 @@ def _sample_rows(scheduler, vpass: VerifyPass, reqs, logits: torch.Tensor):
     only, and exactly as on the fast path."""
     from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 
-    W = vpass.window_size
-    entries = [(r, j) for r, row in enumerate(vpass.rows) if not row.is_pad
-               for j in range(row.sample_from, row.num_real)]
     if not entries:  # only leading rows of long prompts: nothing is compared
         return [None if row.is_pad else RowResult([], [], [], []) for row in vpass.rows]
-    index = torch.tensor([r * W + j for r, j in entries], device=logits.device)
     entry_reqs = [reqs[r] for r, _ in entries]
-    out = LogitsProcessorOutput(next_token_logits=logits.index_select(0, index).float())
+    out = LogitsProcessorOutput(next_token_logits=logits)
     info = _sampling_info(entry_reqs, logits.device, scheduler.model_config.vocab_size)
-    positions = torch.tensor(
-        [vpass.rows[r].positions[j] for r, j in entries], dtype=torch.int64, device=logits.device
-    )
+    positions = to_device([vpass.rows[r].positions[j] for r, j in entries], torch.int64,
+                          logits.device)
     top_nums = [req.logprob.top_logprobs_num if req.return_logprob else 0 for req in entry_reqs]
     sampler = scheduler.tp_worker.model_runner.sampler
     ids = sampler(out, info, True, top_nums, [None] * len(entries), positions).tolist()
@@ -175,18 +216,17 @@ def _sampling_info(reqs, device, vocab_size):
 
     sps = [r.sampling_params for r in reqs]
     return SamplingBatchInfo(
-        temperatures=torch.tensor([sp.temperature for sp in sps], dtype=torch.float,
-                                  device=device).view(-1, 1),
-        top_ps=torch.tensor([sp.top_p for sp in sps], dtype=torch.float, device=device),
-        top_ks=torch.tensor([sp.top_k for sp in sps], dtype=torch.int32, device=device),
-        min_ps=torch.tensor([sp.min_p for sp in sps], dtype=torch.float, device=device),
+        temperatures=to_device([sp.temperature for sp in sps], torch.float, device).view(-1, 1),
+        top_ps=to_device([sp.top_p for sp in sps], torch.float, device),
+        top_ks=to_device([sp.top_k for sp in sps], torch.int32, device),
+        min_ps=to_device([sp.min_p for sp in sps], torch.float, device),
         is_all_greedy=all(sp.top_k <= 1 for sp in sps),
         is_any_greedy=any(sp.top_k <= 1 for sp in sps),
         need_top_p_sampling=any(sp.top_p != 1.0 for sp in sps),
         need_top_k_sampling=any(sp.top_k != TOP_K_ALL for sp in sps),
         need_min_p_sampling=any(sp.min_p > 0 for sp in sps),
         vocab_size=vocab_size,
-        sampling_seed=torch.tensor([seed_of(sp) for sp in sps], dtype=torch.int64, device=device),
+        sampling_seed=to_device([seed_of(sp) for sp in sps], torch.int64, device),
         device=device,
     )
 
