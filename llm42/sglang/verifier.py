@@ -69,19 +69,12 @@ class LaunchedPass:
         return results, self.launch_s + time.perf_counter() - t0, self.graphed
 
 
-def run_pass(
-    scheduler: Scheduler, decode_batch: ScheduleBatch, vpass: VerifyPass, reqs: list[Req | None]
-) -> tuple[list[RowResult | None], float, bool]:
-    """Forward + sample one pass; `reqs[i]` is the request of row i (None for dummy rows).
-    Returns the rows' results, the pass's seconds and whether it replayed a CUDA graph."""
-    return launch_pass(scheduler, decode_batch, vpass, reqs).finish(scheduler)
-
-
 def launch_pass(
     scheduler: Scheduler, decode_batch: ScheduleBatch, vpass: VerifyPass, reqs: list[Req | None]
 ) -> LaunchedPass:
-    """Queue one pass's forward. Its host-to-device copies do not block, so with the overlap loop
-    it can be queued behind the decode step in flight (see `scheduler_hooks`)."""
+    """Queue one pass's forward; `reqs[i]` is the request of row i (None for dummy rows). Its
+    host-to-device copies do not block, so with the overlap loop it can be queued behind the
+    decode step in flight (`scheduler_hooks._verify`)."""
     t0 = time.perf_counter()
     device = decode_batch.device
     W = vpass.window_size
