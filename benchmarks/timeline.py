@@ -56,11 +56,12 @@ def decode_gaps(records: list[dict]) -> list[dict]:
         prefill = any(r.get("kind") in PREFILL_KINDS for r in inside[:-1])
         verify_s = sum(r.get("verify_s", 0.0) for r in inside)
         passes = sum(r.get("passes", 0) for r in inside)
+        overlapped = sum(r.get("overlapped", 0) for r in inside)
         cls = "prefill+verify" if prefill and passes else (
             "prefill" if prefill else "verify" if passes else "decode")
         gap_s = launch_time(records[b]) - launch_time(records[a])
         gaps.append({"t": records[a]["t"], "gap_s": gap_s, "verify_s": verify_s,
-                     "passes": passes, "class": cls})
+                     "passes": passes, "overlapped": overlapped, "class": cls})
     return gaps
 
 
@@ -87,6 +88,18 @@ def tail(gaps: list[dict], threshold_s: float | None = None) -> dict:
         "several_passes": sum(1 for g in slow if g["passes"] > 1),
         "one_pass_alone": sum(1 for g in slow if g["class"] == "verify" and g["passes"] == 1),
     }
+
+
+def _lone_pass_gaps(gaps: list[dict]) -> dict:
+    """Gaps holding one pass and nothing but a decode step, by whether the pass was queued
+    before the in-flight result was processed (--llm42-overlap-verify) or after: the same
+    server, the same load, the saving measured directly."""
+    out = {}
+    for name, overlapped in (("overlapped", True), ("drained_first", False)):
+        mine = [g["gap_s"] for g in gaps if g["class"] == "verify" and g["passes"] == 1
+                and bool(g.get("overlapped")) is overlapped]
+        out[name] = {"gaps": len(mine), "p50_ms": _ms(mine, 50), "p90_ms": _ms(mine, 90)}
+    return out
 
 
 def summarize(records: list[dict], tail_s: float | None = None) -> dict:
@@ -126,6 +139,7 @@ def summarize(records: list[dict], tail_s: float | None = None) -> dict:
         "verify_share_of_span": round(verify_s / span, 4) if span else None,
         "drained_iterations": sum(1 for r in records if r.get("drained")),
         "several_pass_gaps": sum(1 for g in gaps if g["passes"] > 1),
+        "lone_pass_gaps": _lone_pass_gaps(gaps),
         "tail": tail(gaps, tail_s),
         "max_running": max((r.get("running", 0) for r in records), default=0),
         "max_queued": max((r.get("queued", 0) for r in records), default=0),
@@ -160,6 +174,13 @@ def markdown(summaries: dict[str, dict]) -> str:
                      f"({held or 'none'}); {t['several_passes']} of them ran several passes "
                      f"in one step, {t['one_pass_alone']} a single pass and no prefill "
                      f"({s['several_pass_gaps']} gaps with several passes in all).")]
+        lone = s["lone_pass_gaps"]
+        if lone["overlapped"]["gaps"]:
+            o, d = lone["overlapped"], lone["drained_first"]
+            out += ["", (f"Gaps with one pass alone: overlapped {o['gaps']}, p50 / p90 "
+                         f"{_fmt(o['p50_ms'])} / {_fmt(o['p90_ms'])} ms; in-flight result "
+                         f"processed first {d['gaps']}, p50 / p90 {_fmt(d['p50_ms'])} / "
+                         f"{_fmt(d['p90_ms'])} ms.")]
         out += ["", "| iteration launched | iterations | seconds | mean (ms) |",
                 "|---|---|---|---|"]
         for kind, k in s["iterations"].items():

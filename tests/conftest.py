@@ -81,7 +81,9 @@ def batched_server(tiny_model, tmp_path_factory):
     prompts of SOLO_MIN tokens or more prefill alone (`--llm42-solo-prefill-min-tokens`); passes
     are held back in steps that prefill (`--llm42-defer-verify-on-prefill`), and queued before the
     result in flight is processed (`--llm42-overlap-verify`)."""
-    args = _llm42_args(rate=0.2) + ["--llm42-batched-prefill", "--llm42-prefix-cache",
+    timeline = tmp_path_factory.mktemp("batched-timeline")
+    args = _llm42_args(rate=0.2) + ["--llm42-timeline-dir", str(timeline),
+                                    "--llm42-batched-prefill", "--llm42-prefix-cache",
                                     "--chunked-prefill-size", str(CHUNK),
                                     "--llm42-solo-prefill-min-tokens", str(SOLO_MIN),
                                     "--llm42-defer-verify-on-prefill", "--llm42-overlap-verify"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import requests
 
+from benchmarks.timeline import load_segments
 from conftest import CHUNK, SOLO_MIN, VERIFY_BATCH, WINDOW, wait_idle_and_healthy
 from helpers import (
     PROMPTS,
@@ -63,7 +64,11 @@ def test_alone_concurrent_batched_identical(batched_server, case):
     # Passes were queued behind the decode step in flight, its result processed while they ran
     # (--llm42-overlap-verify), and the outputs above are still the request's own.
     assert after["overlapped_passes"] > before["overlapped_passes"], after
-    wait_idle_and_healthy(batched_server)
+    wait_idle_and_healthy(batched_server)  # idle: the step timeline is flushed
+    stats = llm42_stats(url)  # the timeline's last segment runs from the last stats reset
+    segment = load_segments(stats["timeline"])[-1]
+    assert sum(r["passes"] for r in segment) == stats["verify_passes"]
+    assert sum(r["overlapped"] for r in segment) == stats["overlapped_passes"]
 
 
 def test_prompt_spans_passes_and_short_outputs(batched_server):

@@ -10,7 +10,7 @@ import shutil
 import pytest
 import requests
 
-from benchmarks.timeline import decode_gaps, load_segments, main, summarize, tail
+from benchmarks.timeline import decode_gaps, load_segments, main, markdown, summarize, tail
 from llm42.core.timeline import StepTimeline
 
 
@@ -40,6 +40,7 @@ def test_recorder_writes_one_line_per_busy_iteration(tmp_path):
     tl.event("reset")
     _iteration(tl, clock, 0.070, "decode", passes=[(3, 1, 0.02), (1, 0, 0.01)])
     tl.observe_drain()
+    tl.observe_overlap(2)
     _iteration(tl, clock, 0.100, "decode")
     tl.close()
     lines = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()]
@@ -50,6 +51,7 @@ def test_recorder_writes_one_line_per_busy_iteration(tmp_path):
     assert (third["passes"], third["rows"], third["prompt_rows"]) == (2, 4, 1)
     assert third["verify_s"] == pytest.approx(0.03) and third["drained"] is True
     assert third["dt"] == pytest.approx(0.03) and lines[4]["drained"] is False
+    assert (third["overlapped"], lines[4]["overlapped"]) == (2, 0)
     assert third["launch"] == pytest.approx(0.03) and lines[4]["launch"] == 0  # after its passes
     assert [len(s) for s in load_segments(tmp_path / "t.jsonl")] == [2, 2]
 
@@ -115,6 +117,23 @@ def test_tail_says_what_the_slow_gaps_held():
     assert tail(decode_gaps(records))["gaps"] == 1  # default: the gaps' own p99, the 50 ms one
     s = summarize(records, 0.045)
     assert s["several_pass_gaps"] == 1 and s["tail"]["by_class"]["verify"] == 1
+
+
+def test_lone_pass_gaps_split_by_when_the_in_flight_result_was_processed():
+    def rec(t, overlapped, launch):
+        return {**_rec(t, "decode", verify_s=0.01, passes=1, launch=launch),
+                "overlapped": overlapped}
+    records = [_rec(0.00, "decode"),
+               rec(0.01, 1, 0.012),   # 22 ms, overlapped
+               rec(0.03, 0, 0.020),   # 28 ms, drained first
+               rec(0.06, 1, 0.014),   # 24 ms, overlapped
+               _rec(0.08, "decode")]  # 6 ms, decode only
+    lone = summarize(records)["lone_pass_gaps"]
+    assert lone["overlapped"]["gaps"] == 2 and lone["overlapped"]["p50_ms"] == pytest.approx(23.0)
+    assert lone["drained_first"] == {"gaps": 1, "p50_ms": pytest.approx(28.0),
+                                     "p90_ms": pytest.approx(28.0)}
+    text = markdown({"x": summarize(records)})
+    assert "overlapped 2, p50 / p90 23" in text and "processed first 1, p50 / p90 28" in text
 
 
 @pytest.mark.server

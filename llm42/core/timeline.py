@@ -38,7 +38,7 @@ class StepTimeline:
         now = self._clock() if now is None else now
         self._close(now)
         self._open = {"t": round(now - self._t0, 6), "kind": None, "passes": 0, "rows": 0,
-                      "prompt_rows": 0, "verify_s": 0.0, "drained": False}
+                      "prompt_rows": 0, "verify_s": 0.0, "drained": False, "overlapped": 0}
 
     def observe_pass(self, num_real_rows: int, num_prompt_rows: int, seconds: float) -> None:
         if self._open is not None:
@@ -51,6 +51,11 @@ class StepTimeline:
         """The overlap loop's in-flight result was processed early, before a pass."""
         if self._open is not None:
             self._open["drained"] = True
+
+    def observe_overlap(self, num_passes: int) -> None:
+        """That result was processed while `num_passes` passes ran (--llm42-overlap-verify)."""
+        if self._open is not None:
+            self._open["overlapped"] += num_passes
 
     def launched(self, kind: str | None, *, reqs: int, tokens: int, running: int,
                  queued: int) -> None:

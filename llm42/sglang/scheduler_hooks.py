@@ -492,6 +492,8 @@ def _verify(rt, scheduler, batch, jobs, overlap: bool = False) -> None:
     if overlap:
         _drain(scheduler)
         rt.stats.observe_overlapped_passes(len(launched))
+        if runtime.TIMELINE is not None:
+            runtime.TIMELINE.observe_overlap(len(launched))
         for item in launched:
             _finish(rt, scheduler, batch, *item)
 
