@@ -486,7 +486,7 @@ def _verify(rt, scheduler, batch, jobs, overlap: bool = False) -> None:
         mine = owners[start : start + vpass.num_real_rows]
         start += vpass.num_real_rows
         row_reqs = [req for req, _ in mine] + [None] * vpass.num_pad_rows
-        launched.append((vpass, mine, verifier.launch_pass(scheduler, batch, vpass, row_reqs)))
+        launched.append((mine, verifier.launch_pass(scheduler, batch, vpass, row_reqs)))
         if not overlap:  # one pass at a time, as before
             _finish(rt, scheduler, batch, *launched.pop())
     if overlap:
@@ -507,7 +507,8 @@ def _after_step_in_flight(scheduler) -> None:
         torch.cuda.current_stream().wait_stream(forward_stream)
 
 
-def _finish(rt, scheduler, batch, vpass, mine, launched) -> None:
+def _finish(rt, scheduler, batch, mine, launched: verifier.LaunchedPass) -> None:
+    vpass = launched.vpass
     results, seconds, graphed = launched.finish(scheduler)
     observe_pass_path(rt, graphed)
     rt.stats.observe_pass(vpass.num_real_rows, vpass.num_pad_rows, seconds,
