@@ -220,7 +220,7 @@ class Driver:
                        "command": command, "server_args": shlex.join(self.server_args),
                        "load_format": _opts(self.server_args).get("--load-format"),
                        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                       "skipped": True, "skip_reason": reason}
+                       "server_label": cfg.label, "skipped": True, "skip_reason": reason}
                 if rec["request_rate"] != "inf":
                     rec["request_rate"] = float(rec["request_rate"])
                 env_info.append_jsonl(self.results, rec)
@@ -247,7 +247,8 @@ class Driver:
         self.log_command(f"bench {cfg.label} ratio={ratio:g} {meta['workload']}", argv)
         log = self.out / f"bench_{cfg.label}.log"
         rows_before = _count_lines(self.results)
-        timeout = min(a.bench_timeout or float("inf"), max(self.time_left(), 1.0))
+        budget_left = max(self.time_left(), 1.0)
+        timeout = min(a.bench_timeout or float("inf"), budget_left)
         with open(log, "a", encoding="utf-8") as f:
             f.write(f"\n==== {shlex.join(argv)}\n")
             f.flush()
@@ -262,9 +263,12 @@ class Driver:
         if _count_lines(self.results) == rows_before:  # exit 1 still writes its row
             lines = log.read_text(errors="replace").strip().splitlines() or [""]
             errors = [ln for ln in lines if ln.startswith("error:")]
-            self.skip_rows(_with_ratio(cfg, ratio),
-                           f"benchmark client failed (exit {code}): {(errors or lines)[-1][:300]}",
-                           shlex.join(argv), [wl])
+            reason = f"benchmark client failed (exit {code}): {(errors or lines)[-1][:300]}"
+            if code == "timeout":  # a deadline, not a client error: say which one
+                limit = ("--bench-timeout" if timeout < budget_left
+                         else f"the time budget (--budget-s {a.budget_s:g})")
+                reason = f"not finished: stopped after {timeout:.0f} s, when {limit} ran out"
+            self.skip_rows(_with_ratio(cfg, ratio), reason, shlex.join(argv), [wl])
 
     def run_config(self, cfg: ServerConfig) -> None:
         from llm42.server_process import SGLangServer, SGLangServerError, SGLangServerTimeout

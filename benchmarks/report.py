@@ -297,14 +297,36 @@ def sort_rows(rows: list[dict]) -> list[dict]:
         r.get("inject_mismatch_rate") or 0.0, r.get("det_ratio") or 0.0))
 
 
+def _same_run(skipped: dict, done: dict) -> bool:
+    """Whether a completed row ran what a skipped row stands for: the same workload, config and
+    ratio on the same server (its label; rows older than the label compare its knobs)."""
+    if (workload_of(skipped), skipped.get("config"), skipped.get("det_ratio")) != (
+            workload_of(done), done.get("config"), done.get("det_ratio")):
+        return False
+    if skipped.get("server_label"):
+        return skipped["server_label"] == done.get("server_label")
+    return all(skipped.get(k) == done.get(k) for k in (
+        "window_size", "verify_batch_size", "skip_compare", "inject_mismatch_rate"))
+
+
+def drop_superseded(rows: list[dict]) -> tuple[list[dict], int]:
+    """Rows without the skipped ones that a later call ran after all (results merged from
+    several budget-limited calls), and how many were dropped."""
+    done = [r for r in rows if not r.get("skipped")]
+    kept = [r for r in rows if not r.get("skipped") or not any(_same_run(r, d) for d in done)]
+    return kept, len(rows) - len(kept)
+
+
 def write_report(jsonl: str | Path, out_dir: str | Path) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rows = sort_rows(load_rows(jsonl))
+    rows, superseded = drop_superseded(sort_rows(load_rows(jsonl)))
+    note = (f" Skipped rows that another call ran left out: {superseded}." if superseded
+            else "")
     table = out / "table.md"
     table.write_text(f"# Results ({Path(jsonl).name}, {len(rows)} rows)\n\n" + markdown_table(rows)
                      + "\nOutput throughput normalised per workload; `-` where the baseline "
-                     "configuration has no completed run.\n")
+                     f"configuration has no completed run.{note}\n")
     online = online_table(rows)
     if online:
         with table.open("a", encoding="utf-8") as f:

@@ -312,6 +312,70 @@ def test_report_normalises_and_keeps_skipped_rows(tmp_path):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
 
 
+def test_report_leaves_out_skipped_rows_that_another_call_ran(tmp_path):
+    """Results merged from budget-limited calls: a skipped row gives way to a completed run of
+    the same server, workload and ratio, and only to that."""
+    llm42 = {"window_size": 8, "verify_batch_size": 4, "skip_compare": False,
+             "inject_mismatch_rate": 0.0}
+    skip = {"skipped": True, "skip_reason": "not run: time budget spent"}
+    rows = [_row("nondet", 0.0, 100.0, server_label="nondet"),
+            _row("llm42", 0.5, None, server_label="llm42-w8", **llm42, **skip),
+            _row("llm42", 0.5, None, server_label="llm42-w8-cap1", **llm42, **skip),
+            _row("llm42", 1.0, None, **llm42, **skip),  # written before rows had a label
+            _row("llm42", 1.0, None, **{**llm42, "skip_compare": True}, **skip),
+            _row("llm42", 0.5, 80.0, server_label="llm42-w8", **llm42),
+            _row("llm42", 1.0, 60.0, server_label="llm42-w8", **llm42)]
+    kept, dropped = report.drop_superseded(rows)
+    assert dropped == 2
+    assert [(r.get("server_label"), r["det_ratio"], bool(r["skipped"])) for r in kept] == [
+        ("nondet", 0.0, False), ("llm42-w8-cap1", 0.5, True), (None, 1.0, True),
+        ("llm42-w8", 0.5, False), ("llm42-w8", 1.0, False)]
+    assert kept[2]["skip_compare"] is True
+    jsonl = tmp_path / "results.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report.write_report(jsonl, tmp_path)
+    table = (tmp_path / "table.md").read_text()
+    assert table.count("time budget spent") == 2 and "Skipped rows that another call ran left out: 2." in table
+
+
+def test_driver_says_which_deadline_stopped_an_unfinished_benchmark(tmp_path, monkeypatch):
+    """A client killed at the call's deadline was not a failing client: the row says it ran
+    out of time, and whose."""
+    import subprocess
+
+    from benchmarks import driver
+    from llm42 import server_process
+
+    class FakeServer(_FakeServer):
+        def start(self):
+            pass
+
+        def stop(self):
+            pass
+
+    timeouts, run = [], subprocess.run
+
+    def killed_client(argv, timeout=None, **kwargs):
+        if "benchmarks.bench_serving" not in argv:  # git, for the rows' commit
+            return run(argv, timeout=timeout, **kwargs)
+        timeouts.append(timeout)
+        raise subprocess.TimeoutExpired(argv, timeout)
+
+    monkeypatch.setattr(server_process, "SGLangServer", FakeServer)
+    monkeypatch.setattr(driver.subprocess, "run", killed_client)
+    base = ["--model-path", "m", "--configs", "llm42", "--det-ratios", "1.0",
+            "--window-sizes", "8", "--min-config-s", "0"]
+    assert driver.main(base + ["--out-dir", str(tmp_path / "a"), "--budget-s", "300"]) == 0
+    assert driver.main(base + ["--out-dir", str(tmp_path / "b"), "--budget-s", "300",
+                               "--bench-timeout", "5"]) == 0
+    [budget_row], [bench_row] = _results(tmp_path / "a"), _results(tmp_path / "b")
+    assert 290 < timeouts[0] <= 300 and timeouts[1] == 5
+    assert budget_row["skip_reason"].startswith("not finished: stopped after 30")
+    assert budget_row["skip_reason"].endswith("when the time budget (--budget-s 300) ran out")
+    assert bench_row["skip_reason"] == "not finished: stopped after 5 s, when --bench-timeout ran out"
+    assert budget_row["server_label"] == "llm42-w8" and schema_problems(budget_row) == []
+
+
 def test_driver_configs_map_to_server_flags():
     from benchmarks import driver
 
