@@ -52,9 +52,10 @@ def _start(model: str, args: list[str], name: str, tmp_path_factory, env=None):
 def llm42_server(tiny_model, tmp_path_factory):
     timeline = tmp_path_factory.mktemp("llm42-timeline")
     # At most one verification pass per scheduler step: outputs must equal inject_server's
-    # (no cap), which several tests compare.
+    # (no cap), which several tests compare. Benchmark modes can be switched (a test that does
+    # switches them back).
     args = _llm42_args() + ["--llm42-timeline-dir", str(timeline),
-                            "--llm42-max-passes-per-step", "1"]
+                            "--llm42-max-passes-per-step", "1", "--llm42-benchmark-modes"]
     server = _start(tiny_model, args, "llm42", tmp_path_factory)
     yield server
     server.stop()

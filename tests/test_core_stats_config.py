@@ -173,3 +173,42 @@ def test_which_deterministic_prefills_run_alone(kwargs, threshold) -> None:
         alone = threshold is not None and n >= threshold
         assert config.prefills_alone(n, wants_prompt_logprobs=False) is alone, n
         assert config.prefills_alone(n, wants_prompt_logprobs=True) is True, n
+
+
+@pytest.mark.parametrize("body, mode", [
+    ({}, {}),
+    ({"skip_compare": True}, {"skip_compare": True}),
+    ({"inject_mismatch_rate": 1}, {"inject_mismatch_rate": 1.0}),
+    ({"skip_compare": False, "inject_mismatch_rate": 0.25},
+     {"skip_compare": False, "inject_mismatch_rate": 0.25}),
+])
+def test_benchmark_mode_parses(body, mode) -> None:
+    from llm42.core.config import parse_benchmark_mode
+
+    assert parse_benchmark_mode(body) == mode
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"skip_compare": 1}, "skip_compare must be true or false"),
+    ({"inject_mismatch_rate": -0.1}, "inject_mismatch_rate must be a number in [0, 1]"),
+    ({"inject_mismatch_rate": float("nan")}, "inject_mismatch_rate must be"),
+    ({"inject_mismatch_rate": "0.5"}, "inject_mismatch_rate must be"),
+    ({"window_size": 8}, "unknown field 'window_size'"),
+    (None, "JSON object"),
+])
+def test_benchmark_mode_errors_name_the_field(body, message) -> None:
+    from llm42.core.config import parse_benchmark_mode
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_benchmark_mode(body)
+
+
+def test_benchmark_mode_needs_the_flag_and_keeps_the_rest() -> None:
+    from llm42.core.config import with_benchmark_mode
+
+    with pytest.raises(PermissionError, match="--llm42-benchmark-modes"):
+        with_benchmark_mode(Llm42Config(), {"skip_compare": True})
+    config = Llm42Config(window_size=16, max_passes_per_step=1, benchmark_modes=True)
+    switched = with_benchmark_mode(config, {"inject_mismatch_rate": 0.5})
+    assert switched.inject_mismatch_rate == 0.5 and not switched.skip_compare
+    assert switched.window_size == 16 and switched.max_passes_per_step == 1

@@ -82,3 +82,20 @@ def test_a_server_mixing_graphed_and_eager_passes_warns_once(caplog):
         for graphed in (False, True, False):
             observe_pass_path(rt, graphed)
     assert len(caplog.records) == 1 and "both through CUDA graphs and eagerly" in caplog.text
+
+
+def test_scheduler_switches_benchmark_modes_only_when_started_with_the_flag():
+    """The scheduler side of POST /llm42_benchmark_mode checks the gate again: SGLang's own
+    /set_internal_state reaches the same hook."""
+    from types import SimpleNamespace
+
+    from llm42.core import Llm42Config
+    from llm42.sglang.runtime import Llm42Runtime
+
+    scheduler = SimpleNamespace(model_config=SimpleNamespace(vocab_size=100))
+    off = Llm42Runtime(scheduler, Llm42Config())
+    assert not off.switch_benchmark_mode({"skip_compare": True}) and not off.config.skip_compare
+    on = Llm42Runtime(scheduler, Llm42Config(benchmark_modes=True, seed=3))
+    assert not on.switch_benchmark_mode({"inject_mismatch_rate": 7})
+    assert on.switch_benchmark_mode({"inject_mismatch_rate": 1.0})
+    assert on.snapshot()["inject_mismatch_rate"] == 1.0 and on.injector.rate == 1.0

@@ -34,7 +34,7 @@ FLAGS = ("--enable-llm42", "--llm42-window-size", "--llm42-verify-batch-size",
          "--llm42-batched-prefill", "--no-llm42-batched-prefill",
          "--llm42-solo-prefill-min-tokens", "--llm42-timeline-dir",
          "--llm42-max-passes-per-step", "--llm42-defer-verify-on-prefill",
-         "--llm42-overlap-verify")
+         "--llm42-overlap-verify", "--llm42-benchmark-modes")
 BAD_FLAGS = [
     (["--llm42-window-size", "0"], "--llm42-window-size"),  # zero window
     (["--llm42-window-size", "-3"], "--llm42-window-size"),  # negative window
@@ -212,3 +212,66 @@ def test_per_request_meta_info(llm42_server):
     assert meta["llm42_verify_passes"] >= 3
     assert meta["llm42_rollbacks"] >= 0 and meta["llm42_tokens_rolled_back"] >= 0
     assert meta["completion_tokens"] == 20
+
+
+def _mode(server, body=None, **kwargs) -> requests.Response:
+    return requests.post(server.url + "/llm42_benchmark_mode", json=body, timeout=30, **kwargs)
+
+
+def test_benchmark_modes_switch_on_a_running_server(llm42_server):
+    """One server start runs the llm42, injected and comparison-skipped benchmark rows: the
+    switch takes effect on the next request, and determinism holds with every window forced to
+    mismatch."""
+    url, prompt = llm42_server.url, "Count with me: one two three four"
+    base = generate(url, prompt, det=True, max_new_tokens=24)
+    try:
+        assert _mode(llm42_server, {"inject_mismatch_rate": 1.0}).json() == {
+            "success": True, "skip_compare": False, "inject_mismatch_rate": 1.0}
+        requests.post(url + "/reset_llm42_stats", timeout=30)
+        injected = generate(url, prompt, det=True, max_new_tokens=24)
+        stats = requests.get(url + "/llm42_stats", timeout=30).json()
+        assert stats["inject_mismatch_rate"] == 1.0 and stats["benchmark_modes"] is True
+        assert stats["injected_mismatches"] >= 3 and stats["rollbacks"] >= 3, stats
+        assert injected[:2] == base[:2], "tokens and logprobs as without injection"
+
+        assert _mode(llm42_server, {"inject_mismatch_rate": 0, "skip_compare": True}).json() == {
+            "success": True, "skip_compare": True, "inject_mismatch_rate": 0.0}
+        requests.post(url + "/reset_llm42_stats", timeout=30)
+        generate(url, prompt, det=True, max_new_tokens=24)
+        stats = requests.get(url + "/llm42_stats", timeout=30).json()
+        assert stats["skip_compare"] and stats["verify_passes"] >= 3, stats
+        assert stats["rollbacks"] == stats["injected_mismatches"] == 0, stats
+    finally:
+        _mode(llm42_server, {"inject_mismatch_rate": 0.0, "skip_compare": False})
+    stats = requests.get(url + "/llm42_stats", timeout=30).json()
+    assert not stats["skip_compare"] and stats["inject_mismatch_rate"] == 0.0
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"skip_compare": "yes"}, "skip_compare"),
+    ({"inject_mismatch_rate": 1.5}, "inject_mismatch_rate"),
+    ({"inject_mismatch_rate": True}, "inject_mismatch_rate"),
+    ({"window_size": 4}, "'window_size'"),
+    ([0.5], "JSON object"),
+])
+def test_benchmark_mode_bad_body_is_400_naming_the_field(llm42_server, body, field):
+    r = _mode(llm42_server, body)
+    assert r.status_code == 400 and field in r.json()["error"]["message"], r.text
+    malformed = _mode(llm42_server, data="{", headers={"Content-Type": "application/json"})
+    assert malformed.status_code == 400, malformed.text
+    stats = requests.get(llm42_server.url + "/llm42_stats", timeout=30).json()
+    assert not stats["skip_compare"] and stats["inject_mismatch_rate"] == 0.0
+
+
+def test_benchmark_modes_are_off_without_the_flag(inject_server, plain_server):
+    """403 on the llm42 endpoint, and SGLang's own /set_internal_state cannot switch them
+    either: skip_compare would turn determinism off."""
+    for server in (inject_server, plain_server):
+        r = _mode(server, {"skip_compare": True})
+        assert r.status_code == 403 and "--llm42-benchmark-modes" in r.json()["error"]["message"]
+    r = requests.post(inject_server.url + "/set_internal_state", timeout=30, json={
+        "server_args": {"llm42_benchmark_mode": {"skip_compare": True}}})
+    # SGLang 0.5.17 types those values as numbers (400); the scheduler refuses them regardless
+    assert r.status_code == 400 or r.json()["updated"] is False, r.text
+    stats = requests.get(inject_server.url + "/llm42_stats", timeout=30).json()
+    assert stats["skip_compare"] is False and stats["inject_mismatch_rate"] == 0.5

@@ -8,7 +8,8 @@ The adapter builds one from the parsed flags and validates it before the schedul
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 # Prompts this long or longer prefill alone by default (see Llm42Config.solo_prefill_threshold):
 # 16 rows of W = 64, two full B = 8 passes, cost about as much as a solo prefill of 1,024 tokens.
@@ -29,6 +30,7 @@ class Llm42Config:
     batched_prefill: bool = True  # --[no-]llm42-batched-prefill
     prefix_cache: bool = False  # --llm42-prefix-cache
     solo_prefill_min_tokens: int | None = None  # --llm42-solo-prefill-min-tokens; None: auto
+    benchmark_modes: bool = False  # --llm42-benchmark-modes
 
     @property
     def solo_prefill_threshold(self) -> int | None:
@@ -105,3 +107,40 @@ class Llm42Config:
             raise ValueError(
                 f"--llm42-inject-mismatch-rate must be in [0, 1], got {self.inject_mismatch_rate}"
             )
+
+
+# What POST /llm42_benchmark_mode may switch on a running server (--llm42-benchmark-modes).
+BENCHMARK_MODE_FIELDS = ("skip_compare", "inject_mismatch_rate")
+
+
+def parse_benchmark_mode(body) -> dict:
+    """A request body of POST /llm42_benchmark_mode, checked field by field: ``ValueError``
+    names the field. Both fields are optional; an empty body changes nothing."""
+    if not isinstance(body, dict):
+        raise ValueError("the body must be a JSON object with skip_compare and/or "
+                         "inject_mismatch_rate")
+    unknown = sorted(set(body) - set(BENCHMARK_MODE_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown field {unknown[0]!r}: only "
+                         f"{' and '.join(BENCHMARK_MODE_FIELDS)} can be switched at runtime")
+    mode = {}
+    if "skip_compare" in body:
+        if not isinstance(body["skip_compare"], bool):
+            raise ValueError(f"skip_compare must be true or false, got {body['skip_compare']!r}")
+        mode["skip_compare"] = body["skip_compare"]
+    if "inject_mismatch_rate" in body:
+        rate = body["inject_mismatch_rate"]
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (
+                math.isfinite(rate) and 0.0 <= rate <= 1.0):
+            raise ValueError(f"inject_mismatch_rate must be a number in [0, 1], got {rate!r}")
+        mode["inject_mismatch_rate"] = float(rate)
+    return mode
+
+
+def with_benchmark_mode(config: Llm42Config, mode: dict) -> Llm42Config:
+    """The config a running server switches to; only a server started with
+    --llm42-benchmark-modes may (skip_compare turns determinism off)."""
+    if not config.benchmark_modes:
+        raise PermissionError("benchmark modes are off: start the server with "
+                              "--llm42-benchmark-modes to switch them at runtime")
+    return replace(config, **parse_benchmark_mode(mode))

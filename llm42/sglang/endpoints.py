@@ -1,4 +1,5 @@
-"""HTTP surface in the tokenizer (main) process: `/llm42_stats`, `/reset_llm42_stats`, meta_info.
+"""HTTP surface in the tokenizer (main) process: `/llm42_stats`, `/reset_llm42_stats`,
+`/llm42_benchmark_mode` (with --llm42-benchmark-modes), meta_info.
 
 Statistics live in the scheduler processes; they travel over SGLang's own internal-state RPC
 (`get_internal_state` / `set_internal_state`), summed over data-parallel ranks.
@@ -6,8 +7,11 @@ Statistics live in the scheduler processes; they travel over SGLang's own intern
 
 from __future__ import annotations
 
+from fastapi import Request  # at module level: FastAPI resolves the route's annotations here
+
+from llm42.core.config import parse_benchmark_mode
 from llm42.core.stats import Llm42Stats
-from llm42.sglang.scheduler_hooks import META_KEYS, RESET_KEY
+from llm42.sglang.scheduler_hooks import META_KEYS, MODE_KEY, RESET_KEY
 
 # Counters (Llm42Stats' keys, and per-rank KV) are summed over ranks; every other key is a
 # setting, identical on every rank, and kept as it is.
@@ -49,8 +53,34 @@ def tokenizer_manager_init_hook(result, tokenizer_manager, *args, **kwargs):
         )
         return ORJSONResponse({"success": bool(updated) and all(updated)})
 
+    async def llm42_benchmark_mode(request: Request):
+        args = tokenizer_manager.server_args
+        if not (getattr(args, "enable_llm42", False) and getattr(args, "llm42_benchmark_modes",
+                                                                  False)):
+            return _error(403, "benchmark modes are off: start the server with --enable-llm42 "
+                               "--llm42-benchmark-modes to switch skip_compare and "
+                               "inject_mismatch_rate at runtime")
+        try:
+            mode = parse_benchmark_mode(await request.json())
+        except ValueError as exc:  # malformed JSON is a ValueError too
+            return _error(400, str(exc))
+        updated = await tokenizer_manager.set_internal_state(
+            SetInternalStateReq(server_args={MODE_KEY: mode}))
+        states = merge_snapshots([s.get("llm42", {})
+                                  for s in await tokenizer_manager.get_internal_state()])
+        return ORJSONResponse({"success": bool(updated) and all(updated),
+                               **{k: states.get(k) for k in ("skip_compare",
+                                                             "inject_mismatch_rate")}})
+
     app.add_api_route("/llm42_stats", llm42_stats, methods=["GET"])
     app.add_api_route("/reset_llm42_stats", reset_llm42_stats, methods=["POST"])
+    app.add_api_route("/llm42_benchmark_mode", llm42_benchmark_mode, methods=["POST"])
+
+
+def _error(status: int, message: str):
+    from fastapi.responses import ORJSONResponse
+
+    return ORJSONResponse({"error": {"message": message, "code": status}}, status_code=status)
 
 
 def _collapse(out) -> None:

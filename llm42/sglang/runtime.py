@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llm42.core.config import Llm42Config
+from llm42.core.config import Llm42Config, with_benchmark_mode
 from llm42.core.injection import MismatchInjector
 from llm42.core.stats import Llm42Stats
 from llm42.core.timeline import StepTimeline
@@ -48,6 +48,19 @@ class Llm42Runtime:
 
             self.metrics = Llm42Metrics()
 
+    def switch_benchmark_mode(self, mode: dict) -> bool:
+        """POST /llm42_benchmark_mode: skip_compare / inject_mismatch_rate from the next decision
+        on; the injector starts its seeded sequence again, so each run injects the same way."""
+        try:
+            self.config = with_benchmark_mode(self.config, mode)
+        except (ValueError, PermissionError) as exc:
+            logger.warning("llm42 benchmark mode %r refused: %s", mode, exc)
+            return False
+        self.injector = MismatchInjector(self.config.inject_mismatch_rate, self.config.seed)
+        logger.info("llm42 benchmark mode: skip compare %s, inject mismatch rate %.3f",
+                    self.config.skip_compare, self.config.inject_mismatch_rate)
+        return True
+
     def snapshot(self) -> dict:
         snap = self.stats.snapshot()
         snap.update(
@@ -64,6 +77,7 @@ class Llm42Runtime:
             batched_prefill=self.config.batched_prefill,
             prefix_cache=self.config.prefix_cache,
             solo_prefill_min_tokens=self.config.solo_prefill_threshold,
+            benchmark_modes=self.config.benchmark_modes,
             timeline=timeline_path(),
             # Dummy rows reuse SGLang's reserved padding row 0 / slot 0: no extra KV.
             reserved_kv_tokens=0,

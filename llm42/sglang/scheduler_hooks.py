@@ -614,14 +614,21 @@ def get_internal_state_hook(result, scheduler, *args, **kwargs):
 
 
 RESET_KEY = "llm42_reset_stats"
+MODE_KEY = "llm42_benchmark_mode"
 
 
 def set_internal_state_hook(original, scheduler, recv_req):
-    if RESET_KEY not in (recv_req.server_args or {}):
+    """AROUND Scheduler.set_internal_state: llm42's own keys (from its endpoints, or from
+    SGLang's /set_internal_state, hence the gate is checked here too); others go to SGLang."""
+    args = recv_req.server_args or {}
+    if RESET_KEY not in args and MODE_KEY not in args:
         return original(scheduler, recv_req)
     from sglang.srt.managers.io_struct import SetInternalStateReqOutput
 
     rt, timeline = runtime.RUNTIME, runtime.TIMELINE
+    if MODE_KEY in args:
+        return SetInternalStateReqOutput(
+            updated=rt is not None and rt.switch_benchmark_mode(args[MODE_KEY]))
     if rt is not None:
         rt.stats.reset()
     if timeline is not None:

@@ -25,6 +25,7 @@ FLAG_DEFAULTS = {
     "llm42_prefix_cache": False,
     "llm42_solo_prefill_min_tokens": None,
     "llm42_timeline_dir": None,
+    "llm42_benchmark_modes": False,
 }
 
 
@@ -124,6 +125,14 @@ def add_cli_args_hook(original, parser: argparse.ArgumentParser):
         help="Benchmarking only: run verification passes but commit every candidate "
         "(measures the cost of verification alone; output is NOT deterministic).",
     )
+    group.add_argument(
+        "--llm42-benchmark-modes",
+        action="store_true",
+        help="Benchmarking only: accept POST /llm42_benchmark_mode {\"skip_compare\": bool, "
+        "\"inject_mismatch_rate\": float} to switch those two settings on the running server "
+        "between benchmark runs (one server start for llm42, comparison-skipped and injected "
+        "runs). Off (default): the endpoint answers 403, since skip_compare turns determinism off.",
+    )
 
 
 def from_cli_args_hook(original, cls, args: argparse.Namespace):
@@ -167,6 +176,7 @@ def config_from_values(values: dict, seed: int | None) -> Llm42Config:
         batched_prefill=values["llm42_batched_prefill"],
         prefix_cache=values["llm42_prefix_cache"],
         solo_prefill_min_tokens=values["llm42_solo_prefill_min_tokens"],
+        benchmark_modes=values["llm42_benchmark_modes"],
     )
 
 
