@@ -51,6 +51,11 @@ class ServerConfig:
     flags: list[str]
     ratios: list[float]
     meta: dict = field(default_factory=dict)  # window_size, verify_batch_size, ... for the rows
+    # --switch-variants: the comparison-skipped / injected configs run on this server after its
+    # own rows, each switched on by POST /llm42_benchmark_mode with its `mode`
+    switched: list[ServerConfig] = field(default_factory=list)
+    mode: dict | None = None
+    kind: str = ""  # the name in CONFIGS it came from
 
 
 def _floats(text: str) -> list[float]:
@@ -104,7 +109,33 @@ def server_configs(args) -> list[ServerConfig]:
                     meta["inject_mismatch_rate"] = args.inject_mismatch_rate
                     ratios = _floats(args.variant_ratios or args.det_ratios)
                     label += f"-inject{args.inject_mismatch_rate:g}"
-                out.append(ServerConfig(label, "llm42", flags, ratios, meta))
+                out.append(ServerConfig(label, "llm42", flags, ratios, meta, kind=name))
+    return attach_variants(out) if args.switch_variants else out
+
+
+_PLAIN_MODE = {"skip_compare": False, "inject_mismatch_rate": 0.0}
+
+
+def attach_variants(configs: list[ServerConfig]) -> list[ServerConfig]:
+    """Move each comparison-skipped / injected config onto the plain llm42 server of the same
+    window and extra flags (started with --llm42-benchmark-modes); one without such a server
+    keeps a start of its own."""
+    def key(cfg):
+        return cfg.meta.get("window_size"), cfg.meta.get("llm42_args")
+
+    plain = {key(c): c for c in configs if c.kind == "llm42"}
+    out = []
+    for cfg in configs:
+        base = plain.get(key(cfg)) if cfg.kind in ("llm42-skip-compare", "llm42-inject") else None
+        if base is None:
+            out.append(cfg)
+            continue
+        if "--llm42-benchmark-modes" not in base.flags:
+            base.flags.append("--llm42-benchmark-modes")
+        mode = {k: cfg.meta[k] for k in _PLAIN_MODE}
+        base.switched.append(ServerConfig(cfg.label, cfg.config, base.flags, cfg.ratios,
+                                          {**cfg.meta, "benchmark_mode": mode}, mode=mode,
+                                          kind=cfg.kind))
     return out
 
 
@@ -143,7 +174,22 @@ def summarize_timeline(folder: Path) -> None:
 
 
 def _with_ratio(cfg: ServerConfig, ratio: float) -> ServerConfig:
-    return ServerConfig(cfg.label, cfg.config, cfg.flags, [ratio], cfg.meta)
+    return ServerConfig(cfg.label, cfg.config, cfg.flags, [ratio], cfg.meta, mode=cfg.mode)
+
+
+def switch_mode(url: str, mode: dict) -> str | None:
+    """POST /llm42_benchmark_mode; what went wrong, or None once the server reports the mode."""
+    import requests
+
+    try:
+        r = requests.post(url + "/llm42_benchmark_mode", json=mode, timeout=60)
+        body = r.json()
+    except (requests.RequestException, ValueError) as exc:
+        return repr(exc)
+    if r.status_code != 200 or not body.get("success"):
+        return f"HTTP {r.status_code}: {str(body)[:200]}"
+    wrong = {k: body.get(k) for k, v in mode.items() if body.get(k) != v}
+    return f"the server reports {wrong}" if wrong else None
 
 
 def workload_label(workload_args: list[str], bench_args: list[str]) -> str:
@@ -243,6 +289,8 @@ class Driver:
         meta = {"workload": workload_label(wl, self.bench_args), "server_label": cfg.label,
                 "server_args": shlex.join(self.server_args + cfg.flags),
                 "load_format": _opts(self.server_args).get("--load-format")}
+        if cfg.mode:
+            meta["benchmark_mode"] = cfg.mode  # switched at runtime on that server
         argv += ["--extra-metadata", json.dumps(meta)]
         self.log_command(f"bench {cfg.label} ratio={ratio:g} {meta['workload']}", argv)
         log = self.out / f"bench_{cfg.label}.log"
@@ -278,8 +326,9 @@ class Driver:
         if self.args.timeline:  # baselines too: their decode gaps are what llm42's compare to
             flags = flags + ["--llm42-timeline-dir", str(timeline)]
         if self.time_left() < self.args.min_config_s:
-            self.skip_rows(cfg, f"not run: time budget (--budget-s {self.args.budget_s}) spent",
-                           "")
+            for each in [cfg, *cfg.switched]:
+                self.skip_rows(each, f"not run: time budget (--budget-s {self.args.budget_s}) "
+                                     "spent", "")
             return
         server = SGLangServer(self.args.model_path, flags, port=self.args.port,
                               log_path=self.out / f"server_{cfg.label}.log",
@@ -292,21 +341,35 @@ class Driver:
             first = str(exc).splitlines()[0]
             reason = first if isinstance(exc, SGLangServerTimeout) else failure_reason(
                 server.log_text(), first)
-            self.skip_rows(cfg, "server did not start: " + reason, shlex.join(server.args))
+            for each in [cfg, *cfg.switched]:
+                self.skip_rows(each, "server did not start: " + reason, shlex.join(server.args))
             return
         print(f"[driver] {cfg.label}: server up in {time.monotonic() - t0:.1f} s", flush=True)
         try:
-            for wl in self.workloads:
-                for ratio in cfg.ratios:
-                    if self.time_left() < self.args.min_run_s:
-                        self.skip_rows(_with_ratio(cfg, ratio), "not run: time budget spent",
-                                       "", [wl])
-                        continue
-                    self.bench(cfg, server.url, wl, ratio)
+            self.bench_all(cfg, server.url)
+            for variant in cfg.switched:
+                problem = switch_mode(server.url, variant.mode)
+                if problem:
+                    self.skip_rows(variant, f"benchmark mode not switched: {problem}", "")
+                    continue
+                print(f"[driver] {cfg.label}: switched to {variant.label} {variant.mode}",
+                      flush=True)
+                self.bench_all(variant, server.url)
+            if cfg.switched:
+                switch_mode(server.url, _PLAIN_MODE)
         finally:
             server.stop()
             if timeline.is_dir():
                 summarize_timeline(timeline)
+
+    def bench_all(self, cfg: ServerConfig, url: str) -> None:
+        for wl in self.workloads:
+            for ratio in cfg.ratios:
+                if self.time_left() < self.args.min_run_s:
+                    self.skip_rows(_with_ratio(cfg, ratio), "not run: time budget spent", "",
+                                   [wl])
+                    continue
+                self.bench(cfg, url, wl, ratio)
 
     def run(self) -> None:
         for cfg in server_configs(self.args):
@@ -347,6 +410,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --budget-s: least time left to start another server")
     p.add_argument("--min-run-s", type=float, default=30.0,
                    help="with --budget-s: least time left to start another benchmark")
+    p.add_argument("--switch-variants", action="store_true",
+                   help="run llm42-skip-compare / llm42-inject on the llm42 server of the same "
+                        "window and --llm42-args (started with --llm42-benchmark-modes, switched "
+                        "by POST /llm42_benchmark_mode) instead of a server start each")
     p.add_argument("--timeline", action="store_true",
                    help="every server records a step timeline (--llm42-timeline-dir) into "
                         "OUT/timeline_LABEL/, summarized there when the server stops")

@@ -383,7 +383,7 @@ def test_driver_configs_map_to_server_flags():
         configs="nondet,nondet-no-overlap,llm42,llm42-no-overlap,llm42-skip-compare,"
                 "llm42-batched-prefill,llm42-solo-prefill",
         window_sizes="16", verify_batch_size=4, det_ratios="0.1,1.0", variant_ratios="1.0",
-        inject_mismatch_rate=0.05, llm42_args=None)
+        inject_mismatch_rate=0.05, llm42_args=None, switch_variants=False)
     got = {c.label: (c.config, c.flags, c.ratios) for c in driver.server_configs(args)}
     llm42 = ["--enable-llm42", "--llm42-window-size", "16", "--llm42-verify-batch-size", "4"]
     assert got == {
@@ -521,6 +521,77 @@ def test_driver_runs_every_workload_on_each_server_start(tmp_path, monkeypatch):
         assert sum("0.800x" in ln for ln in rows) == 1, "llm42 normalised to its workload's nondet"
 
 
+def test_driver_switches_variants_on_the_llm42_server(tmp_path, monkeypatch):
+    """--switch-variants: the comparison-skipped and injected rows run on the plain llm42
+    server (one start, with --llm42-benchmark-modes), each after a switch the server confirmed;
+    a variant whose switch the server refuses becomes skipped rows, and the server is switched
+    back at the end."""
+    import requests
+
+    from benchmarks import driver
+    from benchmarks.env_info import append_jsonl
+    from llm42 import server_process
+
+    events = []
+
+    class FakeServer(_FakeServer):
+        def start(self):
+            events.append(("start", " ".join(self.flags)))
+
+        def stop(self):
+            events.append(("stop",))
+
+    class Reply:
+        def __init__(self, body, status=200):
+            self.body, self.status_code = body, status
+
+        def json(self):
+            return self.body
+
+    def fake_post(url, json=None, timeout=None):
+        events.append(("mode", json))
+        if json["inject_mismatch_rate"] == 0.5:
+            return Reply({"error": {"message": "refused"}}, 403)
+        return Reply({"success": True, **json})
+
+    def fake_bench(self, cfg, url, wl, ratio):
+        events.append(("bench", cfg.label, ratio))
+        append_jsonl(self.results, _row(cfg.config, ratio, 10.0, server_label=cfg.label,
+                                        **{k: v for k, v in cfg.meta.items()
+                                           if k != "benchmark_mode"}))
+
+    monkeypatch.setattr(server_process, "SGLangServer", FakeServer)
+    monkeypatch.setattr(driver.Driver, "bench", fake_bench)
+    monkeypatch.setattr(requests, "post", fake_post)
+    argv = ["--model-path", "m", "--configs", "nondet,llm42,llm42-skip-compare,llm42-inject",
+            "--det-ratios", "0.1,1.0", "--variant-ratios", "1.0", "--window-sizes", "8",
+            "--verify-batch-size", "4", "--inject-mismatch-rate", "0.25", "--switch-variants"]
+    assert driver.main(argv + ["--out-dir", str(tmp_path / "a")]) == 0
+    llm42 = "--enable-llm42 --llm42-window-size 8 --llm42-verify-batch-size 4"
+    assert events == [
+        ("start", ""), ("bench", "nondet", 0.0), ("stop",),
+        ("start", llm42 + " --llm42-benchmark-modes"),
+        ("bench", "llm42-w8", 0.1), ("bench", "llm42-w8", 1.0),
+        ("mode", {"skip_compare": True, "inject_mismatch_rate": 0.0}),
+        ("bench", "llm42-w8-skip", 1.0),
+        ("mode", {"skip_compare": False, "inject_mismatch_rate": 0.25}),
+        ("bench", "llm42-w8-inject0.25", 1.0),
+        ("mode", {"skip_compare": False, "inject_mismatch_rate": 0.0}), ("stop",)]
+    rows = _results(tmp_path / "a")
+    assert [(r["server_label"], r["skip_compare"], r["inject_mismatch_rate"]) for r in rows[-2:]
+            ] == [("llm42-w8-skip", True, 0.0), ("llm42-w8-inject0.25", False, 0.25)]
+
+    events.clear()
+    argv[argv.index("0.25")] = "0.5"  # refused by the fake server
+    assert driver.main(argv + ["--out-dir", str(tmp_path / "b")]) == 0
+    assert [e for e in events if e[0] == "start"][1:] == [
+        ("start", llm42 + " --llm42-benchmark-modes")]
+    [refused] = [r for r in _results(tmp_path / "b") if r["skipped"]]
+    assert refused["server_label"] == "llm42-w8-inject0.5" and schema_problems(refused) == []
+    assert refused["skip_reason"].startswith("benchmark mode not switched: HTTP 403")
+    assert refused["benchmark_mode"] == {"skip_compare": False, "inject_mismatch_rate": 0.5}
+
+
 def test_driver_timeline_records_every_server_and_summarizes_it(tmp_path, monkeypatch):
     """--timeline: every server gets --llm42-timeline-dir OUT/timeline_LABEL, and what it wrote
     there is summarized (timeline.md) once the server stopped."""
@@ -600,8 +671,10 @@ def driver_run(tiny_model, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("driver")
     code = driver.main([
         "--model-path", tiny_model, "--out-dir", str(out),
-        "--configs", "nondet,sglang-det,llm42", "--det-ratios", "0.5",
+        "--configs", "nondet,sglang-det,llm42,llm42-inject", "--det-ratios", "0.5",
         "--window-sizes", "8", "--verify-batch-size", "4",
+        # the injected row on the llm42 server, switched at runtime (one start fewer)
+        "--switch-variants", "--variant-ratios", "1.0", "--inject-mismatch-rate", "1.0",
         "--server-args", "--random-seed 7 --context-length 1024",
         "--workload", ("--dataset-name random --random-input-len 32 --random-output-len 20 "
                        "--random-range-ratio 0.5"),
@@ -619,7 +692,8 @@ def _results(out: Path) -> list[dict]:
 def test_driver_jsonl_schema(driver_run):
     rows = _results(driver_run)
     by_config = sorted((r["config"], r["dataset"]) for r in rows)
-    assert by_config == [("llm42", "random"), ("nondet", "random"), ("sglang-det", "random")]
+    assert by_config == [("llm42", "random"), ("llm42", "random"), ("nondet", "random"),
+                         ("sglang-det", "random")]
     for row in rows:
         assert schema_problems(row) == [], (row["config"], schema_problems(row))
         assert set(REQUIRED_KEYS) <= set(row)
@@ -628,7 +702,13 @@ def test_driver_jsonl_schema(driver_run):
         assert row["output_throughput"] > 0 and row["ttft_p50_ms"] > 0
         assert row["gpu"] == "cpu" and row["command"].split()[1:3] == [
             "-m", "benchmarks.bench_serving"]
-    for row in [r for r in rows if r["config"] == "llm42"]:
+    [injected] = [r for r in rows if r.get("benchmark_mode")]
+    assert injected["benchmark_mode"] == {"skip_compare": False, "inject_mismatch_rate": 1.0}
+    assert injected["inject_mismatch_rate"] == 1.0 and injected["det_ratio"] == 1.0
+    assert "--llm42-benchmark-modes" in injected["server_args"]
+    stats = injected["llm42_stats"]  # every window of every request forced to mismatch
+    assert stats["injected_mismatches"] >= SMOKE_PROMPTS and stats["rollbacks"] >= SMOKE_PROMPTS
+    for row in [r for r in rows if r["config"] == "llm42" and r is not injected]:
         assert row["det_ratio"] == 0.5 and row["num_det_requests"] == 3
         assert row["det_completed"] == 3 and row["normal_completed"] == 3
         assert row["det_e2e_p50_ms"] > 0 and row["normal_e2e_p50_ms"] > 0
@@ -652,15 +732,15 @@ def test_driver_records_sglang_det_refusal_on_cpu(driver_run):
 def test_driver_table_plots_and_commands(driver_run):
     table = (driver_run / "table.md").read_text()
     rows = [ln for ln in table.splitlines() if ln.startswith("| random")]
-    assert len(rows) == 3
+    assert len(rows) == 4
     assert sum("1.000x" in ln for ln in rows) == 1, "nondet normalised to itself"
     assert all(any(c in ln for c in ("x |", "did not start")) for ln in rows)
     for name in ("throughput_vs_ratio.png", "latency.png"):
         data = (driver_run / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
     commands = (driver_run / "commands.txt").read_text()
-    assert commands.count("sglang.launch_server") == 3
-    assert commands.count("benchmarks.bench_serving") == 2
+    assert commands.count("sglang.launch_server") == 3, "the injected row needs no start"
+    assert commands.count("benchmarks.bench_serving") == 3
     assert (driver_run / "server_llm42-w8.log").stat().st_size > 0
     # --report-only regenerates the same table from the JSONL
     from benchmarks import driver

@@ -50,6 +50,8 @@
 #   PREFILL_GRAPHS=0 (1: keep SGLang's prefill CUDA graphs for every config)
 #   TIMELINE=0 (1: every server, baselines too, records a step timeline, summarized in
 #   STEP/timeline_LABEL/)
+#   SWITCH_VARIANTS=1 (llm42-skip-compare / llm42-inject run on the llm42 server of the step,
+#   switched by POST /llm42_benchmark_mode: a server start saved per variant; 0: one each)
 #   DRY_RUN=0 (1: install nothing, start nothing; every python command the steps would run is
 #   appended to $OUT/dry_run.jsonl as a JSON argv; tests/test_benchmarks.py checks them)
 #   JIT_CACHE=.gpu-jit/jit-cache.tar.gz (restored before the first step when present)
@@ -96,6 +98,7 @@ EXTRA_SERVER_ARGS=${EXTRA_SERVER_ARGS:-}
 # prefills and the B x W verification pass (512 tokens, a captured size) then replay graphs.
 PREFILL_GRAPHS=${PREFILL_GRAPHS:-0}
 TIMELINE=${TIMELINE:-0}
+SWITCH_VARIANTS=${SWITCH_VARIANTS:-1}
 PREFILL_GRAPH_ARG=--cuda-graph-backend-prefill=disabled
 [[ $PREFILL_GRAPHS == 1 ]] && PREFILL_GRAPH_ARG=
 COMMON_ARGS=${COMMON_ARGS:-"--attention-backend triton --sampling-backend pytorch --disable-radix-cache --max-running-requests $MAX_RUNNING $PREFILL_GRAPH_ARG --cuda-graph-max-bs-decode $MAX_RUNNING $EXTRA_SERVER_ARGS"}
@@ -234,6 +237,7 @@ driver() {  # $1 = step name, $2 = model, $3 = configs, $4 = ratios, then driver
   IFS=';' read -ra variants <<< "$LLM42_ARGS;"  # one llm42 server per ';'-separated variant
   for variant in "${variants[@]:-}"; do llm42_args+=("--llm42-args=$variant"); done
   [[ $TIMELINE == 1 ]] && llm42_args+=(--timeline)
+  [[ $SWITCH_VARIANTS == 1 ]] && llm42_args+=(--switch-variants)
   budget=$(( $(remaining) - 20 ))  # leave time to pack the results
   if (( budget < MIN_CONFIG_S )); then log "step $step: skipped, only ${budget}s left"; return 1; fi
   [[ $model == "$MODEL_8B" || $SMOLLM2_WEIGHTS == dummy && $model == "$MODEL_SMOL" ]] && fmt="--load-format dummy"
