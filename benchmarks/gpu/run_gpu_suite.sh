@@ -36,9 +36,11 @@
 #
 # Environment (defaults): OUT=./gpu-out RUN_DIR=/tmp/llm42-suite BUNDLE=.gpu/bundle
 #   PREFIX=/tmp/sgl PORT=30000 SUITE_BUDGET_S=540 MIN_CONFIG_S=180 STARTUP_TIMEOUT=400
-#   DET_RATIOS=0.02,0.1,0.5,1.0 VARIANT_RATIOS=0.1,1.0 WORKLOADS=sharegpt,arxiv,random1k WINDOW=64 VERIFY_BS=8 INJECT_RATE=0.05
+#   DET_RATIOS=0.02,0.1,0.5,1.0 VARIANT_RATIOS=0.1,1.0 WORKLOADS=sharegpt,arxiv,random1k WINDOW=64 VERIFY_BS=8 INJECT_RATE=0.5 (SmolLM2's
+#   real weights rolled back 54 % of W = 64 windows on the H200: h200-2026-12-03-smollm2-batched-prefill/)
 #   SHAREGPT_PROMPTS=2048 ARXIV_PROMPTS=256 RANDOM1K_PROMPTS=1024 RANDOM4K_PROMPTS=256
-#   SWEEP_WINDOWS=16,32,64,128 SWEEP_PROMPTS=1024 SMOLLM2_WEIGHTS=random|dummy|real (real: the GGUF
+#   SWEEP_WINDOWS=16,32,64,128 SWEEP_PROMPTS=1024 SWEEP_CONFIGS=nondet,llm42 (llm42: recompute %
+#   per window needs no baseline; nondet adds the throughput reference) SMOLLM2_WEIGHTS=random|dummy|real (real: the GGUF
 #   parts in GGUF_DIR=/tmp/llm42-gguf, see prepare_assets --smollm2-gguf)
 #   ONLINE_RATE=24 ONLINE_PROMPTS=1024 ONLINE_RATIO=0.1 MAX_RUNNING=256
 #   PROOF_BACKGROUND=0,16,64,256 PROOF_REPEATS=2 PROOF_PROMPTS=4 PROOF_TOKENS=256
@@ -73,7 +75,7 @@ VARIANT_RATIOS=${VARIANT_RATIOS:-0.1,1.0}
 WORKLOADS=${WORKLOADS:-sharegpt,arxiv,random1k}
 WINDOW=${WINDOW:-64}
 VERIFY_BS=${VERIFY_BS:-8}
-INJECT_RATE=${INJECT_RATE:-0.05}
+INJECT_RATE=${INJECT_RATE:-0.5}
 MAX_RUNNING=${MAX_RUNNING:-256}
 SHAREGPT_PROMPTS=${SHAREGPT_PROMPTS:-2048}
 ARXIV_PROMPTS=${ARXIV_PROMPTS:-256}
@@ -81,6 +83,7 @@ RANDOM1K_PROMPTS=${RANDOM1K_PROMPTS:-1024}
 RANDOM4K_PROMPTS=${RANDOM4K_PROMPTS:-256}
 SWEEP_WINDOWS=${SWEEP_WINDOWS:-16,32,64,128}
 SWEEP_PROMPTS=${SWEEP_PROMPTS:-1024}
+SWEEP_CONFIGS=${SWEEP_CONFIGS:-nondet,llm42}
 SMOLLM2_WEIGHTS=${SMOLLM2_WEIGHTS:-random}
 ONLINE_RATE=${ONLINE_RATE:-24}
 ONLINE_PROMPTS=${ONLINE_PROMPTS:-1024}
@@ -303,7 +306,7 @@ run_step() {
     bench-*) bench_step "$step" ;;
     smollm2-sweep)
       model_smollm2 || return 1
-      driver "$step" "$MODEL_SMOL" nondet,llm42 1.0 --window-sizes "$SWEEP_WINDOWS" \
+      driver "$step" "$MODEL_SMOL" "$SWEEP_CONFIGS" 1.0 --window-sizes "$SWEEP_WINDOWS" \
         --workload "--dataset-name sharegpt --dataset-path $SHAREGPT" \
         --bench-args "--seed 1 --num-prompts $SWEEP_PROMPTS --context-len 8192" ;;
     online)  # one --workload per rate of $ONLINE_RATE: every rate on each server start
