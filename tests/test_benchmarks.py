@@ -836,3 +836,38 @@ def test_p99_interval_resamples_whole_requests():
     lo1, hi1 = p99_interval(singles)
     assert hi1 - lo1 < hi - lo
     assert p99_interval([[0.01, 0.02]]) is None and p99_interval([[], [0.01]]) is None
+
+
+def test_estimate_prices_a_planned_call_from_recorded_runs(tmp_path, capsys):
+    """A GPU call is priced before it runs: starts, plus each run scaled from the recorded run
+    of the same workload and config (interpolated between ratios, by prompt count), unknown
+    runs flagged; exit 1 when it does not fit."""
+    from benchmarks.gpu import estimate
+
+    model = "/x/Llama-3.1-8B-Instruct-dummy"
+    recorded = [_row("nondet", 0.0, 1.0, model=model, workload="sharegpt n=1024", duration=30.0),
+                _row("llm42", 0.1, 1.0, model=model, workload="sharegpt n=1024", duration=40.0),
+                _row("llm42", 1.0, 1.0, model=model, workload="sharegpt n=512", duration=35.0,
+                     timestamp="2"),
+                _row("llm42", 1.0, 1.0, model=model, workload="sharegpt n=512", duration=99.0,
+                     timestamp="1")]  # older: the newest row of a ratio wins
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "results.jsonl").write_text("".join(json.dumps(r) + "\n"
+                                                            for r in recorded))
+    argv = ["-m", "benchmarks.driver", "--model-path", "/y/Llama-3.1-8B-Instruct-dummy",
+            "--out-dir", "o", "--configs", "nondet,llm42,llm42-skip-compare",
+            "--det-ratios", "0.1,0.55,1.0", "--variant-ratios", "0.1", "--switch-variants",
+            "--workload", "--dataset-name sharegpt --num-prompts 2048"]
+    plan = tmp_path / "dry_run.jsonl"
+    plan.write_text(json.dumps(["-m", "benchmarks.make_arxiv_like"]) + "\n" + json.dumps(argv))
+    base = ["--results", str(tmp_path / "old"), "--setup-s", "5", "--start-s", "50",
+            "--run-overhead-s", "0", "--unknown-run-s", "77"]
+    assert estimate.main([str(plan), "--budget-s", "1000", *base]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    seconds = [float(ln.split()[2]) for ln in lines[:-1]]
+    # setup, nondet start + run, llm42 start + 3 ratios, the skip-compare run on the same server
+    assert seconds == [5, 50, 60, 50, 80, 0.5 * 80 + 0.5 * 140, 140, 77]
+    assert "no recorded run" in lines[-2] and lines[-1] == (
+        f"total {sum(seconds):.0f} s: fits in --budget-s 1000")
+    assert estimate.main([str(plan), "--budget-s", "400", *base]) == 1
+    assert "over the budget" in capsys.readouterr().out

@@ -1,0 +1,148 @@
+"""How long a planned GPU call takes, before spending device time on it.
+
+    DRY_RUN=1 OUT=/tmp/plan BENCH_CONFIGS=... bash benchmarks/gpu/run_gpu_suite.sh STEP ...
+    python -m benchmarks.gpu.estimate /tmp/plan/dry_run.jsonl --budget-s 570
+
+Reads the driver commands the suite would run and prices each server start and each
+benchmark run from the rows already recorded under `benchmarks/results/` (the same workload,
+config and ratio, the newest such row; between two recorded ratios of that config a linear
+interpolation, outside them the nearest; a run of another size scales with its prompt count). A run no recorded row resembles is priced at `--unknown-run-s` and flagged.
+Server starts on the H200 took 54-118 s (decode CUDA-graph capture, process start), the suite's
+setup 20-35 s per call, and each run adds ~20 s of client start and dataset loading: the
+defaults. Exit 1 when the call does not fit its budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks import driver
+
+RESULTS_ROOT = Path(__file__).resolve().parents[1] / "results"
+_PROMPTS = re.compile(r" n=(\d+)")
+
+
+@dataclass
+class Priced:
+    what: str
+    seconds: float
+    source: str  # the recorded row it was priced from, or why it was not
+
+
+def recorded_rows(root: Path = RESULTS_ROOT) -> list[dict]:
+    rows = []
+    for path in sorted(root.rglob("results.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line) if line.strip() else {}
+            if row.get("duration") and not row.get("skipped"):
+                rows.append({**row, "_file": str(path.relative_to(root))})
+    return rows
+
+
+def _shape(workload: str) -> tuple[str, int | None]:
+    """("sharegpt", 2048) from "sharegpt n=2048": the workload without its size, and the size."""
+    match = _PROMPTS.search(workload)
+    return _PROMPTS.sub("", workload), int(match.group(1)) if match else None
+
+
+def price_run(rows: list[dict], model: str, workload: str, config: str, ratio: float,
+              mode: dict | None, unknown_s: float) -> tuple[float, str]:
+    """Seconds of one benchmark run, scaled from the closest recorded row."""
+    shape, prompts = _shape(workload)
+    skip = bool(mode and mode.get("skip_compare"))
+    inject = bool(mode and mode.get("inject_mismatch_rate"))
+    same = [r for r in rows if Path(str(r.get("model"))).name == Path(model).name
+            and _shape(r.get("workload") or "")[0] == shape and r.get("config") == config
+            and bool(r.get("skip_compare")) == skip
+            and bool(r.get("inject_mismatch_rate")) == inject]
+    if not same:
+        return unknown_s, "no recorded run of this workload and config"
+    lower = _newest([r for r in same if (r.get("det_ratio") or 0.0) <= ratio], ratio)
+    upper = _newest([r for r in same if (r.get("det_ratio") or 0.0) >= ratio], ratio)
+    if lower is None or upper is None:  # outside the recorded ratios: the nearest one
+        only = lower or upper
+        return _scaled(only, prompts), _name(only)
+    lo, hi = lower.get("det_ratio") or 0.0, upper.get("det_ratio") or 0.0
+    weight = 0.0 if hi == lo else (ratio - lo) / (hi - lo)
+    seconds = (1 - weight) * _scaled(lower, prompts) + weight * _scaled(upper, prompts)
+    source = _name(lower) if lower is upper else f"{_name(lower)} .. {_name(upper)}"
+    return seconds, source
+
+
+def _newest(rows: list[dict], ratio: float) -> dict | None:
+    """Of the rows nearest to `ratio`, the newest: code and hosts change."""
+    if not rows:
+        return None
+    gap = min(abs((r.get("det_ratio") or 0.0) - ratio) for r in rows)
+    return max((r for r in rows if abs((r.get("det_ratio") or 0.0) - ratio) == gap),
+               key=lambda r: r.get("timestamp") or "")
+
+
+def _scaled(row: dict, prompts: int | None) -> float:
+    got = _shape(row["workload"])[1]
+    return row["duration"] * (prompts / got if prompts and got else 1.0)
+
+
+def _name(row: dict) -> str:
+    return f"{row['_file']} ({row['workload']}, ratio {row.get('det_ratio')})"
+
+
+def price_driver(argv: list[str], rows: list[dict], start_s: float, overhead_s: float,
+                 unknown_s: float) -> list[Priced]:
+    args = driver.build_parser().parse_args(argv)
+    bench_args = shlex.split(args.bench_args or "")
+    workloads = [driver.workload_label(shlex.split(w), bench_args)
+                 for w in (args.workload or ["--dataset-name sharegpt"])]
+    out = []
+    for cfg in driver.server_configs(args):
+        out.append(Priced(f"start {cfg.label}", start_s, "--start-s"))
+        for each in [cfg, *cfg.switched]:
+            for wl in workloads:
+                for ratio in each.ratios:
+                    seconds, source = price_run(rows, args.model_path, wl, each.config, ratio,
+                                                each.mode or _mode_of(each), unknown_s)
+                    out.append(Priced(f"run {each.label} {wl} ratio {ratio:g}",
+                                      seconds + overhead_s, source))
+    return out
+
+
+def _mode_of(cfg) -> dict:
+    return {k: cfg.meta.get(k) for k in ("skip_compare", "inject_mismatch_rate")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("dry_run", help="the suite's $OUT/dry_run.jsonl (DRY_RUN=1)")
+    p.add_argument("--budget-s", type=float, default=570.0, help="the call's SUITE_BUDGET_S")
+    p.add_argument("--setup-s", type=float, default=30.0,
+                   help="the suite's install and kernel-cache restore, once per call")
+    p.add_argument("--start-s", type=float, default=100.0, help="seconds per server start")
+    p.add_argument("--run-overhead-s", type=float, default=20.0)
+    p.add_argument("--unknown-run-s", type=float, default=120.0)
+    p.add_argument("--results", default=str(RESULTS_ROOT))
+    args = p.parse_args(argv)
+    rows = recorded_rows(Path(args.results))
+    priced = [Priced("setup", args.setup_s, "--setup-s")]
+    for line in Path(args.dry_run).read_text(encoding="utf-8").splitlines():
+        cmd = json.loads(line)
+        if cmd[:2] == ["-m", "benchmarks.driver"]:
+            priced += price_driver(cmd[2:], rows, args.start_s, args.run_overhead_s,
+                                   args.unknown_run_s)
+    total = 0.0
+    for item in priced:
+        total += item.seconds
+        flag = "  <- over the budget" if total > args.budget_s else ""
+        print(f"{total:7.0f} s  {item.seconds:6.0f} s  {item.what}  [{item.source}]{flag}")
+    verdict = "fits" if total <= args.budget_s else "does NOT fit"
+    print(f"total {total:.0f} s: {verdict} in --budget-s {args.budget_s:g}")
+    return 0 if total <= args.budget_s else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
