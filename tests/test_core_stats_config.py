@@ -27,6 +27,8 @@ SNAPSHOT_KEYS = {
     "det_requests_finished",
     "early_results",
     "overlapped_passes",
+    "drain_time_s",
+    "schedule_time_s",
     "steps_decode", "steps_prefill", "steps_det_prefill",
     "step_time_decode_s", "step_time_prefill_s", "step_time_det_prefill_s",
 }
@@ -69,7 +71,9 @@ def test_stats_arithmetic() -> None:
     stats.observe_finished()
     stats.observe_cached_prompt(128)
     stats.observe_restart()
+    stats.observe_early_result(0.0625)
     stats.observe_early_result()
+    stats.observe_schedule(1.0)
     stats.observe_overlapped_passes(2)
     stats.observe_step("decode", 0.125)
     stats.observe_step("decode", 0.25)
@@ -91,8 +95,10 @@ def test_stats_arithmetic() -> None:
         "verify_time_s": 0.75,
         "det_requests_finished": 1,
         "retraction_restarts": 1,
-        "early_results": 1,
+        "early_results": 2,
         "overlapped_passes": 2,
+        "drain_time_s": 0.0625,
+        "schedule_time_s": 1.0,
         "steps_decode": 2, "steps_prefill": 0, "steps_det_prefill": 1,
         "step_time_decode_s": 0.375, "step_time_prefill_s": 0.0, "step_time_det_prefill_s": 0.5,
     }

@@ -201,6 +201,9 @@ def test_stats_endpoint_and_reset(llm42_server):
     assert stats["enabled"] and stats["window_size"] == 8 and stats["verify_batch_size"] == 4
     assert stats["verify_passes"] >= 1 and stats["verified_tokens"] >= 1
     assert stats["padded_rows"] >= 3  # one request per pass, B = 4
+    # passes and the results drained for them run inside the scheduler's next-batch step
+    assert stats["schedule_time_s"] >= stats["verify_time_s"] + stats["drain_time_s"] > 0
+    assert (stats["drain_time_s"] > 0) == (stats["early_results"] > 0), stats
     requests.post(url + "/reset_llm42_stats", timeout=30)
     assert requests.get(url + "/llm42_stats", timeout=30).json()["verify_passes"] == 0
 

@@ -34,6 +34,10 @@ class Llm42Stats:
     retraction_restarts: int = 0  # deterministic requests retracted and restarted from the prompt
     early_results: int = 0  # overlap loop: in-flight results processed early so a pass could run
     overlapped_passes: int = 0  # passes queued before that result was processed (overlap_verify)
+    drain_time_s: float = 0.0  # waiting for and processing those early results
+    # Time inside the scheduler's next-batch step, between the iterations the step profile
+    # counts: verification passes, the results drained for them, SGLang building the batch.
+    schedule_time_s: float = 0.0
     # Wall time of scheduler iterations by batch kind, verification passes excluded (exact with
     # the normal loop; with the overlap loop an iteration also waits for the previous batch).
     steps: dict = field(default_factory=lambda: dict.fromkeys(STEP_KINDS, 0))
@@ -68,8 +72,12 @@ class Llm42Stats:
     def observe_restart(self) -> None:
         self.retraction_restarts += 1
 
-    def observe_early_result(self) -> None:
+    def observe_early_result(self, seconds: float = 0.0) -> None:
         self.early_results += 1
+        self.drain_time_s += seconds
+
+    def observe_schedule(self, seconds: float) -> None:
+        self.schedule_time_s += seconds
 
     def observe_overlapped_passes(self, num_passes: int) -> None:
         self.overlapped_passes += num_passes
@@ -103,6 +111,8 @@ class Llm42Stats:
             "retraction_restarts": self.retraction_restarts,
             "early_results": self.early_results,
             "overlapped_passes": self.overlapped_passes,
+            "drain_time_s": self.drain_time_s,
+            "schedule_time_s": self.schedule_time_s,
             **{f"steps_{k}": v for k, v in self.steps.items()},
             **{f"step_time_{k}_s": v for k, v in self.step_time_s.items()},
         }

@@ -365,6 +365,7 @@ def next_batch_hook(original, scheduler, running_batch, last_batch):
     kind = _step_kind(batch)
     if rt is not None:
         rt.step_started, rt.step_kind = time.perf_counter(), kind
+        rt.stats.observe_schedule(rt.step_started - now)
     if timeline is not None:
         _record_launch(timeline, kind, scheduler, batch)
     return plan
@@ -458,12 +459,13 @@ def _drain(scheduler) -> None:
     """Overlap loop: process the in-flight result now (`_in_flight` must hold).
 
     The loop pops one queue entry per launched batch, so the entry stays as `DRAINED`."""
+    t0 = time.perf_counter()
     queue = scheduler.result_queue
     pending_batch, pending_result = queue.popleft()
     scheduler.process_batch_result(pending_batch, pending_result)
     queue.appendleft((pending_batch, DRAINED))
     rt = runtime.RUNTIME
-    rt.stats.observe_early_result()
+    rt.stats.observe_early_result(time.perf_counter() - t0)
     if runtime.TIMELINE is not None:
         runtime.TIMELINE.observe_drain()
 
