@@ -163,6 +163,31 @@ def _with_interval(row: dict, key: str) -> str:
     return f"{text} [{ci[0]:.1f}, {ci[1]:.1f}]" if ci else text
 
 
+def step_profile_table(rows: list[dict]) -> str:
+    """Where an llm42 server's time went during each run, from its /llm42_stats step profile:
+    seconds per kind of scheduler iteration, the next-batch step in between (verification
+    passes, in-flight results drained for them), and what none of them holds (client start and
+    ramp). Servers older than `schedule_time_s` show `-` there."""
+    runs = [r for r in rows if not r.get("skipped") and r.get("duration")
+            and "step_time_decode_s" in (r.get("llm42_stats") or {})]
+    if not runs:
+        return ""
+    header = ["workload", "config", "det ratio", "run (s)", "decode", "prefill", "det prefill",
+              "next-batch step", "of it: passes", "drains", "outside all"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in runs:
+        st = row["llm42_stats"]
+        steps = [st.get(f"step_time_{k}_s") or 0.0 for k in ("decode", "prefill", "det_prefill")]
+        schedule = st.get("schedule_time_s")
+        inside = sum(steps) + (schedule if schedule is not None else st.get("verify_time_s", 0.0))
+        cells = [workload_of(row), variant_of(row), _fmt(row.get("det_ratio"), 2),
+                 _fmt(row["duration"])] + [_fmt(x) for x in steps]
+        cells += [_fmt(schedule), _fmt(st.get("verify_time_s")), _fmt(st.get("drain_time_s")),
+                  _fmt(row["duration"] - inside)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def plot_latency_vs_rate(rows: list[dict], path: Path) -> bool:
     """Normal requests' ITL and TTFT p99 against request rate, one series per server variant,
     when online rows hold several rates: where llm42's extra work starts to queue."""
@@ -333,6 +358,15 @@ def write_report(jsonl: str | Path, out_dir: str | Path) -> list[Path]:
             f.write("\n## Online runs: normal requests' latency against nondet at the same rate\n\n"
                     + online + "\nIn brackets: a 95 % bootstrap interval of the p99 (requests "
                     "resampled whole), where the run recorded one.\n")
+    profile = step_profile_table(rows)
+    if profile:
+        with table.open("a", encoding="utf-8") as f:
+            f.write("\n## Where llm42's time went (seconds, from /llm42_stats)\n\n" + profile
+                    + "\nScheduler iterations by the batch they launched; the next-batch step "
+                    "holds the verification passes and the in-flight results drained for them "
+                    "(without `schedule_time_s`, older servers: the passes only). 'Outside all' "
+                    "is the client's start and ramp, and with older servers the rest of the "
+                    "next-batch step.\n")
     written = [table, out / "throughput_vs_ratio.png", out / "latency.png"]
     plot_throughput_vs_ratio(rows, written[1])
     plot_latency(rows, written[2])
