@@ -866,9 +866,13 @@ def test_estimate_prices_a_planned_call_from_recorded_runs(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     seconds = [float(ln.split()[2]) for ln in lines[:-1]]
     # setup, nondet start + run, llm42 start + 3 ratios, the skip-compare run on the same server
-    assert seconds == [5, 50, 60, 50, 80, 0.5 * 80 + 0.5 * 140, 140, 77]
-    assert "no recorded run" in lines[-2] and lines[-1] == (
+    # (never recorded: its workload's nondet run x (1 + ratio), flagged)
+    assert seconds == [5, 50, 60, 50, 80, 0.5 * 80 + 0.5 * 140, 140, 60 * 1.1]
+    assert "a guess" in lines[-2] and lines[-1] == (
         f"total {sum(seconds):.0f} s: fits in --budget-s 1000")
+    rows = estimate.recorded_rows(tmp_path / "old")
+    assert estimate.price_run(rows, model, "arxiv n=256", "llm42", 0.1, None, 77.0) == (
+        77.0, "no recorded run of this workload and config")
     assert estimate.main([str(plan), "--budget-s", "400", *base]) == 1
     assert "over the budget" in capsys.readouterr().out
 

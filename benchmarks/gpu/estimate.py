@@ -6,7 +6,8 @@
 Reads the driver commands the suite would run and prices each server start and each
 benchmark run from the rows already recorded under `benchmarks/results/` (the same workload,
 config and ratio, the newest such row; between two recorded ratios of that config a linear
-interpolation, outside them the nearest; a run of another size scales with its prompt count). A run no recorded row resembles is priced at `--unknown-run-s` and flagged.
+interpolation, outside them the nearest; without any, the workload's nondet run times a rough
+factor, flagged as a guess; a run of another size scales with its prompt count). A run no recorded row resembles is priced at `--unknown-run-s` and flagged.
 Server starts on the H200 took 54-118 s (decode CUDA-graph capture, process start), the suite's
 setup 20-35 s per call, and each run adds ~20 s of client start and dataset loading: the
 defaults. Exit 1 when the call does not fit its budget.
@@ -57,12 +58,17 @@ def price_run(rows: list[dict], model: str, workload: str, config: str, ratio: f
     shape, prompts = _shape(workload)
     skip = bool(mode and mode.get("skip_compare"))
     inject = bool(mode and mode.get("inject_mismatch_rate"))
-    same = [r for r in rows if Path(str(r.get("model"))).name == Path(model).name
-            and _shape(r.get("workload") or "")[0] == shape and r.get("config") == config
+    mine = [r for r in rows if Path(str(r.get("model"))).name == Path(model).name
+            and _shape(r.get("workload") or "")[0] == shape]
+    same = [r for r in mine if r.get("config") == config
             and bool(r.get("skip_compare")) == skip
             and bool(r.get("inject_mismatch_rate")) == inject]
     if not same:
-        return unknown_s, "no recorded run of this workload and config"
+        nondet = _newest([r for r in mine if r.get("config") == "nondet"], 0.0)
+        if nondet is None or config not in _VS_NONDET:
+            return unknown_s, "no recorded run of this workload and config"
+        factor = _VS_NONDET[config](ratio)
+        return _scaled(nondet, prompts) * factor, f"{_name(nondet)} x {factor:.2f} (a guess)"
     lower = _newest([r for r in same if (r.get("det_ratio") or 0.0) <= ratio], ratio)
     upper = _newest([r for r in same if (r.get("det_ratio") or 0.0) >= ratio], ratio)
     if lower is None or upper is None:  # outside the recorded ratios: the nearest one
@@ -73,6 +79,11 @@ def price_run(rows: list[dict], model: str, workload: str, config: str, ratio: f
     seconds = (1 - weight) * _scaled(lower, prompts) + weight * _scaled(upper, prompts)
     source = _name(lower) if lower is upper else f"{_name(lower)} .. {_name(upper)}"
     return seconds, source
+
+
+# With no recorded run of a config: its nondet run of that workload times a rough factor, from
+# the H200 ratios (llm42 at 10 % 0.90-0.98x, 50 % 0.55x, 100 % ~0.5x; sglang-det 0.34-0.46x).
+_VS_NONDET = {"llm42": lambda ratio: 1.0 + ratio, "sglang-det": lambda ratio: 3.0}
 
 
 def _newest(rows: list[dict], ratio: float) -> dict | None:
