@@ -731,8 +731,11 @@ def test_driver_records_sglang_det_refusal_on_cpu(driver_run):
 @pytest.mark.server
 def test_driver_table_plots_and_commands(driver_run):
     table = (driver_run / "table.md").read_text()
-    rows = [ln for ln in table.splitlines() if ln.startswith("| random")]
+    results, profile = table.split("\n## Where llm42's time went", 1)
+    rows = [ln for ln in results.splitlines() if ln.startswith("| random")]
     assert len(rows) == 4
+    # the two llm42 runs (the ratio and the injected one) say where their server's time went
+    assert len([ln for ln in profile.splitlines() if ln.startswith("| random")]) == 2
     assert sum("1.000x" in ln for ln in rows) == 1, "nondet normalised to itself"
     assert all(any(c in ln for c in ("x |", "did not start")) for ln in rows)
     for name in ("throughput_vs_ratio.png", "latency.png"):
