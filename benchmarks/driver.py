@@ -52,9 +52,8 @@ class ServerConfig:
     ratios: list[float]
     meta: dict = field(default_factory=dict)  # window_size, verify_batch_size, ... for the rows
     # --switch-variants: the comparison-skipped / injected configs run on this server after its
-    # own rows, each switched on by POST /llm42_benchmark_mode with its `mode`
+    # own rows, each switched on by POST /llm42_benchmark_mode with its meta["benchmark_mode"]
     switched: list[ServerConfig] = field(default_factory=list)
-    mode: dict | None = None
     kind: str = ""  # the name in CONFIGS it came from
 
 
@@ -134,8 +133,7 @@ def attach_variants(configs: list[ServerConfig]) -> list[ServerConfig]:
             base.flags.append("--llm42-benchmark-modes")
         mode = {k: cfg.meta[k] for k in _PLAIN_MODE}
         base.switched.append(ServerConfig(cfg.label, cfg.config, base.flags, cfg.ratios,
-                                          {**cfg.meta, "benchmark_mode": mode}, mode=mode,
-                                          kind=cfg.kind))
+                                          {**cfg.meta, "benchmark_mode": mode}, kind=cfg.kind))
     return out
 
 
@@ -174,7 +172,7 @@ def summarize_timeline(folder: Path) -> None:
 
 
 def _with_ratio(cfg: ServerConfig, ratio: float) -> ServerConfig:
-    return ServerConfig(cfg.label, cfg.config, cfg.flags, [ratio], cfg.meta, mode=cfg.mode)
+    return ServerConfig(cfg.label, cfg.config, cfg.flags, [ratio], cfg.meta)
 
 
 def switch_mode(url: str, mode: dict) -> str | None:
@@ -289,8 +287,8 @@ class Driver:
         meta = {"workload": workload_label(wl, self.bench_args), "server_label": cfg.label,
                 "server_args": shlex.join(self.server_args + cfg.flags),
                 "load_format": _opts(self.server_args).get("--load-format")}
-        if cfg.mode:
-            meta["benchmark_mode"] = cfg.mode  # switched at runtime on that server
+        if "benchmark_mode" in cfg.meta:  # switched at runtime on that server
+            meta["benchmark_mode"] = cfg.meta["benchmark_mode"]
         argv += ["--extra-metadata", json.dumps(meta)]
         self.log_command(f"bench {cfg.label} ratio={ratio:g} {meta['workload']}", argv)
         log = self.out / f"bench_{cfg.label}.log"
@@ -348,11 +346,12 @@ class Driver:
         try:
             self.bench_all(cfg, server.url)
             for variant in cfg.switched:
-                problem = switch_mode(server.url, variant.mode)
+                mode = variant.meta["benchmark_mode"]
+                problem = switch_mode(server.url, mode)
                 if problem:
                     self.skip_rows(variant, f"benchmark mode not switched: {problem}", "")
                     continue
-                print(f"[driver] {cfg.label}: switched to {variant.label} {variant.mode}",
+                print(f"[driver] {cfg.label}: switched to {variant.label} {mode}",
                       flush=True)
                 self.bench_all(variant, server.url)
             if cfg.switched:

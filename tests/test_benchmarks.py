@@ -874,7 +874,7 @@ def test_estimate_prices_a_planned_call_from_recorded_runs(tmp_path, capsys):
     assert "a guess" in lines[-2] and lines[-1] == (
         f"total {sum(seconds):.0f} s: fits in --budget-s 1000")
     rows = estimate.recorded_rows(tmp_path / "old")
-    assert estimate.price_run(rows, model, "arxiv n=256", "llm42", 0.1, None, 77.0) == (
+    assert estimate.price_run(rows, model, "arxiv n=256", "llm42", 0.1, {}, 77.0) == (
         77.0, "no recorded run of this workload and config")
     assert estimate.main([str(plan), "--budget-s", "400", *base]) == 1
     assert "over the budget" in capsys.readouterr().out

@@ -7,7 +7,8 @@ Reads the driver commands the suite would run and prices each server start and e
 benchmark run from the rows already recorded under `benchmarks/results/` (the same workload,
 config and ratio, the newest such row; between two recorded ratios of that config a linear
 interpolation, outside them the nearest; without any, the workload's nondet run times a rough
-factor, flagged as a guess; a run of another size scales with its prompt count). A run no recorded row resembles is priced at `--unknown-run-s` and flagged.
+factor, flagged as a guess; a run of another size scales with its prompt count). A run no
+recorded row resembles is priced at `--unknown-run-s` and flagged.
 Server starts on the H200 took 54-118 s (decode CUDA-graph capture, process start), the suite's
 setup 20-35 s per call, and each run adds ~20 s of client start and dataset loading: the
 defaults. Exit 1 when the call does not fit its budget.
@@ -53,11 +54,12 @@ def _shape(workload: str) -> tuple[str, int | None]:
 
 
 def price_run(rows: list[dict], model: str, workload: str, config: str, ratio: float,
-              mode: dict | None, unknown_s: float) -> tuple[float, str]:
-    """Seconds of one benchmark run, scaled from the closest recorded row."""
+              meta: dict, unknown_s: float) -> tuple[float, str]:
+    """Seconds of one benchmark run, scaled from the closest recorded row; `meta` is the
+    server config's (comparison skipped, mismatches injected)."""
     shape, prompts = _shape(workload)
-    skip = bool(mode and mode.get("skip_compare"))
-    inject = bool(mode and mode.get("inject_mismatch_rate"))
+    skip = bool(meta.get("skip_compare"))
+    inject = bool(meta.get("inject_mismatch_rate"))
     mine = [r for r in rows if Path(str(r.get("model"))).name == Path(model).name
             and _shape(r.get("workload") or "")[0] == shape]
     same = [r for r in mine if r.get("config") == config
@@ -117,14 +119,10 @@ def price_driver(argv: list[str], rows: list[dict], start_s: float, overhead_s: 
             for wl in workloads:
                 for ratio in each.ratios:
                     seconds, source = price_run(rows, args.model_path, wl, each.config, ratio,
-                                                each.mode or _mode_of(each), unknown_s)
+                                                each.meta, unknown_s)
                     out.append(Priced(f"run {each.label} {wl} ratio {ratio:g}",
                                       seconds + overhead_s, source))
     return out
-
-
-def _mode_of(cfg) -> dict:
-    return {k: cfg.meta.get(k) for k in ("skip_compare", "inject_mismatch_rate")}
 
 
 def main(argv: list[str] | None = None) -> int:
