@@ -166,14 +166,16 @@ def _with_interval(row: dict, key: str) -> str:
 def step_profile_table(rows: list[dict]) -> str:
     """Where an llm42 server's time went during each run, from its /llm42_stats step profile:
     seconds per kind of scheduler iteration, the next-batch step in between (verification
-    passes, in-flight results drained for them), and what none of them holds (client start and
-    ramp). Servers older than `schedule_time_s` show `-` there."""
+    passes, in-flight results drained for them, SGLang building the batch, which plain SGLang
+    pays too, and llm42's own host work around the passes), and what none of them holds (client
+    start and ramp). Servers older than `schedule_time_s` / `batch_build_time_s` show `-`."""
     runs = [r for r in rows if not r.get("skipped") and r.get("duration")
             and "step_time_decode_s" in (r.get("llm42_stats") or {})]
     if not runs:
         return ""
     header = ["workload", "config", "det ratio", "run (s)", "decode", "prefill", "det prefill",
-              "next-batch step", "of it: passes", "drains", "outside all"]
+              "next-batch step", "of it: passes", "drains", "SGLang batch build", "llm42 other",
+              "outside all"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in runs:
         st = row["llm42_stats"]
@@ -182,8 +184,11 @@ def step_profile_table(rows: list[dict]) -> str:
         inside = sum(steps) + (schedule if schedule is not None else st.get("verify_time_s", 0.0))
         cells = [workload_of(row), variant_of(row), _fmt(row.get("det_ratio"), 2),
                  _fmt(row["duration"])] + [_fmt(x) for x in steps]
+        build, other = st.get("batch_build_time_s"), None
+        if build is not None and schedule is not None:
+            other = schedule - build - st.get("verify_time_s", 0.0) - st.get("drain_time_s", 0.0)
         cells += [_fmt(schedule), _fmt(st.get("verify_time_s")), _fmt(st.get("drain_time_s")),
-                  _fmt(row["duration"] - inside)]
+                  _fmt(build), _fmt(other), _fmt(row["duration"] - inside)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -363,8 +368,10 @@ def write_report(jsonl: str | Path, out_dir: str | Path) -> list[Path]:
         with table.open("a", encoding="utf-8") as f:
             f.write("\n## Where llm42's time went (seconds, from /llm42_stats)\n\n" + profile
                     + "\nScheduler iterations by the batch they launched; the next-batch step "
-                    "holds the verification passes and the in-flight results drained for them "
-                    "(without `schedule_time_s`, older servers: the passes only). 'Outside all' "
+                    "holds the verification passes, the in-flight results drained for them, "
+                    "SGLang building the batch (plain SGLang pays that too) and llm42's own host "
+                    "work around the passes (without `schedule_time_s`, older servers: the "
+                    "passes only). 'Outside all' "
                     "is the client's start and ramp, and with older servers the rest of the "
                     "next-batch step.\n")
     written = [table, out / "throughput_vs_ratio.png", out / "latency.png"]

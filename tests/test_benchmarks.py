@@ -882,20 +882,25 @@ def test_estimate_prices_a_planned_call_from_recorded_runs(tmp_path, capsys):
 
 def test_report_says_where_an_llm42_servers_time_went(tmp_path):
     """The step profile of each llm42 run as seconds that add up to the run: iterations by
-    kind, the next-batch step (passes, drains), and what is outside all of them."""
+    kind, the next-batch step (passes, drains, SGLang's batch building, llm42's own work), and
+    what is outside all of them."""
     llm42 = {"window_size": 8, "verify_batch_size": 4, "skip_compare": False,
              "inject_mismatch_rate": 0.0}
     steps = {"step_time_decode_s": 20.0, "step_time_prefill_s": 30.0,
              "step_time_det_prefill_s": 1.0, "verify_time_s": 7.0}
     rows = [_row("nondet", 0.0, 100.0, duration=60.0),
             _row("llm42", 0.5, 50.0, duration=80.0, **llm42,
-                 llm42_stats={**steps, "schedule_time_s": 20.0, "drain_time_s": 9.0}),
+                 llm42_stats={**steps, "schedule_time_s": 20.0, "drain_time_s": 9.0,
+                              "batch_build_time_s": 2.5}),
             _row("llm42", 0.1, 90.0, duration=70.0, **llm42, llm42_stats=steps)]  # older server
     table = report.step_profile_table(report.sort_rows(rows))
     lines = [ln.split(" | ") for ln in table.splitlines()[2:]]
     assert len(lines) == 2, "nondet has no step profile"
-    assert lines[0][2:] == ["0.10", "70.0", "20.0", "30.0", "1.0", "-", "7.0", "-", "12.0 |"]
-    assert lines[1][2:] == ["0.50", "80.0", "20.0", "30.0", "1.0", "20.0", "7.0", "9.0", "9.0 |"]
+    assert lines[0][2:] == ["0.10", "70.0", "20.0", "30.0", "1.0", "-", "7.0", "-", "-", "-",
+                            "12.0 |"]
+    # llm42's own host work: 20 - 7 passes - 9 drains - 2.5 SGLang batch building
+    assert lines[1][2:] == ["0.50", "80.0", "20.0", "30.0", "1.0", "20.0", "7.0", "9.0", "2.5",
+                            "1.5", "9.0 |"]
     jsonl = tmp_path / "results.jsonl"
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
     report.write_report(jsonl, tmp_path)

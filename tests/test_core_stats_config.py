@@ -29,6 +29,7 @@ SNAPSHOT_KEYS = {
     "overlapped_passes",
     "drain_time_s",
     "schedule_time_s",
+    "batch_build_time_s",
     "steps_decode", "steps_prefill", "steps_det_prefill",
     "step_time_decode_s", "step_time_prefill_s", "step_time_det_prefill_s",
 }
@@ -73,7 +74,8 @@ def test_stats_arithmetic() -> None:
     stats.observe_restart()
     stats.observe_early_result(0.0625)
     stats.observe_early_result()
-    stats.observe_schedule(1.0)
+    stats.observe_schedule(1.0, 0.25)
+    stats.observe_schedule(0.5)
     stats.observe_overlapped_passes(2)
     stats.observe_step("decode", 0.125)
     stats.observe_step("decode", 0.25)
@@ -98,7 +100,8 @@ def test_stats_arithmetic() -> None:
         "early_results": 2,
         "overlapped_passes": 2,
         "drain_time_s": 0.0625,
-        "schedule_time_s": 1.0,
+        "schedule_time_s": 1.5,
+        "batch_build_time_s": 0.25,
         "steps_decode": 2, "steps_prefill": 0, "steps_det_prefill": 1,
         "step_time_decode_s": 0.375, "step_time_prefill_s": 0.0, "step_time_det_prefill_s": 0.5,
     }

@@ -38,6 +38,9 @@ class Llm42Stats:
     # Time inside the scheduler's next-batch step, between the iterations the step profile
     # counts: verification passes, the results drained for them, SGLang building the batch.
     schedule_time_s: float = 0.0
+    # Of it, SGLang's own get_next_batch_to_run, which plain SGLang pays too: the rest of the
+    # step (schedule - passes - drains - this) is llm42's own host work around the passes.
+    batch_build_time_s: float = 0.0
     # Wall time of scheduler iterations by batch kind, verification passes excluded (exact with
     # the normal loop; with the overlap loop an iteration also waits for the previous batch).
     steps: dict = field(default_factory=lambda: dict.fromkeys(STEP_KINDS, 0))
@@ -76,8 +79,9 @@ class Llm42Stats:
         self.early_results += 1
         self.drain_time_s += seconds
 
-    def observe_schedule(self, seconds: float) -> None:
+    def observe_schedule(self, seconds: float, build_seconds: float = 0.0) -> None:
         self.schedule_time_s += seconds
+        self.batch_build_time_s += build_seconds
 
     def observe_overlapped_passes(self, num_passes: int) -> None:
         self.overlapped_passes += num_passes
@@ -113,6 +117,7 @@ class Llm42Stats:
             "overlapped_passes": self.overlapped_passes,
             "drain_time_s": self.drain_time_s,
             "schedule_time_s": self.schedule_time_s,
+            "batch_build_time_s": self.batch_build_time_s,
             **{f"steps_{k}": v for k, v in self.steps.items()},
             **{f"step_time_{k}_s": v for k, v in self.step_time_s.items()},
         }

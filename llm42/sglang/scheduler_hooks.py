@@ -360,12 +360,13 @@ def next_batch_hook(original, scheduler, running_batch, last_batch):
             rt.stats.observe_step(rt.step_kind, now - rt.step_started)
         if running_batch is not None and running_batch.reqs:
             _verify_due(rt, scheduler, running_batch)
+    build_started = time.perf_counter()
     plan = original(scheduler, running_batch, last_batch)
     batch = plan.batch_to_run
     kind = _step_kind(batch)
     if rt is not None:
         rt.step_started, rt.step_kind = time.perf_counter(), kind
-        rt.stats.observe_schedule(rt.step_started - now)
+        rt.stats.observe_schedule(rt.step_started - now, rt.step_started - build_started)
     if timeline is not None:
         _record_launch(timeline, kind, scheduler, batch)
     return plan
