@@ -6,9 +6,10 @@
     python -m benchmarks.driver --report-only --out-dir out/
 
 One server start per configuration (the deterministic ratio is a property of the client, so a
-single `--enable-llm42` server serves every ratio); every workload and ratio is benchmarked on
-it by `benchmarks.bench_serving` in a subprocess. `--server-args` go identically to every
-configuration. A configuration whose server does not start (SGLang refuses
+single `--enable-llm42` server serves every ratio; with `--switch-variants` the comparison-skipped,
+injected and other-window llm42 configs run on it too, switched at runtime); every workload and
+ratio is benchmarked on it by `benchmarks.bench_serving` in a subprocess. `--server-args` go
+identically to every configuration. A configuration whose server does not start (SGLang refuses
 `--enable-deterministic-inference` on CPU / torch_native) becomes a skipped row with the reason.
 Writes `results.jsonl`, `table.md`, the plots, `commands.txt` and the logs into `--out-dir`.
 """
@@ -113,28 +114,54 @@ def server_configs(args) -> list[ServerConfig]:
 
 
 _PLAIN_MODE = {"skip_compare": False, "inject_mismatch_rate": 0.0}
+# What POST /llm42_benchmark_mode can switch: configs differing only in these share a server.
+_SWITCHABLE = ("llm42", "llm42-skip-compare", "llm42-inject")
 
 
 def attach_variants(configs: list[ServerConfig]) -> list[ServerConfig]:
-    """Move each comparison-skipped / injected config onto the plain llm42 server of the same
-    window and extra flags (started with --llm42-benchmark-modes); one without such a server
-    keeps a start of its own."""
-    def key(cfg):
-        return cfg.meta.get("window_size"), cfg.meta.get("llm42_args")
+    """Run every llm42 config that differs from a plain llm42 server only in what
+    POST /llm42_benchmark_mode switches (comparison skipped, injected mismatches, the window)
+    on that server, started with --llm42-benchmark-modes: one start per --llm42-args value.
 
-    plain = {key(c): c for c in configs if c.kind == "llm42"}
-    out = []
+    The host is the plain config with the largest window, so a window sweep starts once: any
+    explicit --llm42-max-verify-wait that fits one window of the sweep fits the largest (a
+    smaller window it does not fit becomes skipped rows, not a failed start), and the largest
+    window is checked against the context length before anything runs. A server hosting several
+    windows gets `window_size` in every switched variant's mode. A skip / inject config without
+    a plain llm42 config keeps a start of its own."""
+    hosts: dict[str | None, ServerConfig] = {}  # --llm42-args -> its largest plain window
     for cfg in configs:
-        base = plain.get(key(cfg)) if cfg.kind in ("llm42-skip-compare", "llm42-inject") else None
-        if base is None:
+        key = cfg.meta.get("llm42_args")
+        if cfg.kind == "llm42" and (key not in hosts or
+                                    cfg.meta["window_size"] > hosts[key].meta["window_size"]):
+            hosts[key] = cfg
+    out, guests = [], {key: [] for key in hosts}
+    for cfg in configs:
+        key = cfg.meta.get("llm42_args")
+        if cfg.kind in _SWITCHABLE and key in hosts and hosts[key] is not cfg:
+            guests[key].append(cfg)
+        else:
             out.append(cfg)
-            continue
-        if "--llm42-benchmark-modes" not in base.flags:
-            base.flags.append("--llm42-benchmark-modes")
-        mode = {k: cfg.meta[k] for k in _PLAIN_MODE}
-        base.switched.append(ServerConfig(cfg.label, cfg.config, base.flags, cfg.ratios,
-                                          {**cfg.meta, "benchmark_mode": mode}, kind=cfg.kind))
+    for key, host in hosts.items():
+        windows = {c.meta["window_size"] for c in [host, *guests[key]]}
+        if guests[key] and "--llm42-benchmark-modes" not in host.flags:
+            host.flags.append("--llm42-benchmark-modes")
+        for cfg in guests[key]:
+            mode = {k: cfg.meta[k] for k in _PLAIN_MODE}
+            if len(windows) > 1:
+                mode["window_size"] = cfg.meta["window_size"]
+            host.switched.append(ServerConfig(cfg.label, cfg.config, host.flags, cfg.ratios,
+                                              {**cfg.meta, "benchmark_mode": mode},
+                                              kind=cfg.kind))
     return out
+
+
+def plain_mode(cfg: ServerConfig) -> dict:
+    """The mode a server with switched variants returns to at the end: its own."""
+    mode = dict(_PLAIN_MODE)
+    if any("window_size" in v.meta["benchmark_mode"] for v in cfg.switched):
+        mode["window_size"] = cfg.meta["window_size"]
+    return mode
 
 
 def _flag_label(flags: str) -> str:
@@ -175,17 +202,27 @@ def _with_ratio(cfg: ServerConfig, ratio: float) -> ServerConfig:
     return ServerConfig(cfg.label, cfg.config, cfg.flags, [ratio], cfg.meta)
 
 
+# A window switch needs an idle server (409 while deterministic requests are in flight, e.g.
+# those of a client that a deadline stopped, which the server is still aborting): retry that long.
+SWITCH_BUSY_WAIT_S = 60.0
+
+
 def switch_mode(url: str, mode: dict) -> str | None:
     """POST /llm42_benchmark_mode; what went wrong, or None once the server reports the mode."""
     import requests
 
-    try:
-        r = requests.post(url + "/llm42_benchmark_mode", json=mode, timeout=60)
-        body = r.json()
-    except (requests.RequestException, ValueError) as exc:
-        return repr(exc)
+    deadline = time.monotonic() + SWITCH_BUSY_WAIT_S
+    while True:
+        try:
+            r = requests.post(url + "/llm42_benchmark_mode", json=mode, timeout=60)
+            body = r.json()
+        except (requests.RequestException, ValueError) as exc:
+            return repr(exc)
+        if r.status_code != 409 or time.monotonic() >= deadline:
+            break
+        time.sleep(1.0)
     if r.status_code != 200 or not body.get("success"):
-        return f"HTTP {r.status_code}: {str(body)[:200]}"
+        return f"HTTP {r.status_code}: {str(body)[:300]}"
     wrong = {k: body.get(k) for k, v in mode.items() if body.get(k) != v}
     return f"the server reports {wrong}" if wrong else None
 
@@ -355,7 +392,7 @@ class Driver:
                       flush=True)
                 self.bench_all(variant, server.url)
             if cfg.switched:
-                switch_mode(server.url, _PLAIN_MODE)
+                switch_mode(server.url, plain_mode(cfg))
         finally:
             server.stop()
             if timeline.is_dir():
@@ -386,7 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--det-ratios", default="0.02,0.1,0.5,1.0")
     p.add_argument("--variant-ratios", default=None,
                    help="ratios for llm42-skip-compare / llm42-inject (default: --det-ratios)")
-    p.add_argument("--window-sizes", default="64", help="comma list: one llm42 server each")
+    p.add_argument("--window-sizes", default="64",
+                   help="comma list: one llm42 server each (one for all with --switch-variants)")
     p.add_argument("--verify-batch-size", type=int, default=8)
     p.add_argument("--inject-mismatch-rate", type=float, default=0.05)
     p.add_argument("--server-args", default="", help="given identically to every config")
@@ -410,9 +448,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-run-s", type=float, default=30.0,
                    help="with --budget-s: least time left to start another benchmark")
     p.add_argument("--switch-variants", action="store_true",
-                   help="run llm42-skip-compare / llm42-inject on the llm42 server of the same "
-                        "window and --llm42-args (started with --llm42-benchmark-modes, switched "
-                        "by POST /llm42_benchmark_mode) instead of a server start each")
+                   help="run llm42-skip-compare / llm42-inject and every window of "
+                        "--window-sizes on one llm42 server per --llm42-args value (started "
+                        "with the largest window and --llm42-benchmark-modes, switched by POST "
+                        "/llm42_benchmark_mode) instead of a server start each")
     p.add_argument("--timeline", action="store_true",
                    help="every server records a step timeline (--llm42-timeline-dir) into "
                         "OUT/timeline_LABEL/, summarized there when the server stops")

@@ -415,6 +415,44 @@ def test_driver_configs_map_to_server_flags():
                    "llm42-w16-verify-batch-size4": llm42 + ["--llm42-verify-batch-size", "4"]}
 
 
+
+def test_switch_variants_put_a_window_sweep_on_one_server():
+    """--switch-variants: every window of one --llm42-args value runs on one server, started
+    with the largest window; the other windows, and the skip / inject configs of every window,
+    are switched in by their mode (with window_size, since the server hosts several)."""
+    from benchmarks import driver
+
+    args = argparse.Namespace(
+        configs="nondet,llm42,llm42-inject", window_sizes="16,32,64,128", verify_batch_size=8,
+        det_ratios="1.0", variant_ratios="1.0", inject_mismatch_rate=0.5,
+        llm42_args=["", "--llm42-max-verify-wait 8"], switch_variants=True)
+    configs = driver.server_configs(args)
+    assert [c.label for c in configs] == ["nondet", "llm42-w128", "llm42-w128-max-verify-wait8"]
+    for host, suffix in zip(configs[1:], ["", "-max-verify-wait8"]):
+        assert host.flags[1:3] == ["--llm42-window-size", "128"]
+        assert host.flags[-1] == "--llm42-benchmark-modes"
+        assert [v.label for v in host.switched] == [
+            f"llm42-w{w}{suffix}" for w in (16, 32, 64)] + [
+            f"llm42-w{w}{suffix}-inject0.5" for w in (16, 32, 64, 128)]
+        modes = [(v.meta["window_size"], v.meta["benchmark_mode"]) for v in host.switched]
+        assert [modes[0], modes[4], modes[6]] == [
+            (16, {"skip_compare": False, "inject_mismatch_rate": 0.0, "window_size": 16}),
+            (32, {"skip_compare": False, "inject_mismatch_rate": 0.5, "window_size": 32}),
+            (128, {"skip_compare": False, "inject_mismatch_rate": 0.5, "window_size": 128})]
+        assert all(v.flags is host.flags for v in host.switched)
+        assert driver.plain_mode(host) == {"skip_compare": False, "inject_mismatch_rate": 0.0,
+                                           "window_size": 128}
+    # one window: its modes stay without window_size (what a server before the window switch
+    # accepts); without --switch-variants one start per window, as before
+    one = driver.server_configs(argparse.Namespace(**{**vars(args), "window_sizes": "64",
+                                                      "llm42_args": None}))
+    assert [v.meta["benchmark_mode"] for v in one[1].switched] == [
+        {"skip_compare": False, "inject_mismatch_rate": 0.5}]
+    assert driver.plain_mode(one[1]) == driver._PLAIN_MODE
+    apart = driver.server_configs(argparse.Namespace(**{**vars(args), "switch_variants": False,
+                                                        "llm42_args": None}))
+    assert len(apart) == 1 + 4 + 4 and not any(c.switched for c in apart)
+
 # -- GPU host helper ---------------------------------------------------------------------------
 def test_gpu_suite_dry_run_hands_the_driver_arguments_it_accepts(tmp_path):
     """The suite's shell plumbing (LLM42_ARGS variants, BENCH_CONFIGS, PREFILL_GRAPHS, TIMELINE,
@@ -448,6 +486,37 @@ def test_gpu_suite_dry_run_hands_the_driver_arguments_it_accepts(tmp_path):
     online = driver.build_parser().parse_args(drivers[1])  # a load curve: one workload per rate
     assert [w.split("--request-rate ")[1] for w in online.workload] == ["16", "24"]
 
+
+
+@pytest.mark.parametrize("switch, starts", [("1", 1), ("0", 4)])
+def test_gpu_suite_smollm2_sweep_starts_one_server_for_its_windows(tmp_path, capsys, switch,
+                                                                   starts):
+    """SWITCH_VARIANTS=1 (the default): the four windows of the SmolLM2 sweep run on one server
+    start, switched at runtime, and the estimator prices one start; 0: a start per window."""
+    from benchmarks import driver
+    from benchmarks.gpu import estimate
+
+    suite = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "run_gpu_suite.sh"
+    env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
+           "RUN_DIR": str(tmp_path / "run"), "JIT_CACHE": str(tmp_path / "none.tar.gz"),
+           "SMOLLM2_WEIGHTS": "real", "SWEEP_CONFIGS": "llm42", "SWEEP_PROMPTS": "512",
+           "SWITCH_VARIANTS": switch}
+    subprocess.run(["bash", str(suite), "smollm2-sweep"], env=env, check=True,
+                   capture_output=True, timeout=120)
+    plan = tmp_path / "out" / "dry_run.jsonl"
+    [argv] = [json.loads(ln)[2:] for ln in plan.read_text().splitlines()
+              if json.loads(ln)[:2] == ["-m", "benchmarks.driver"]]
+    configs = driver.server_configs(driver.build_parser().parse_args(argv))
+    labels = [[c.label, *[v.label for v in c.switched]] for c in configs]
+    if switch == "1":
+        assert labels == [["llm42-w128", "llm42-w16", "llm42-w32", "llm42-w64"]]
+    else:
+        assert labels == [["llm42-w16"], ["llm42-w32"], ["llm42-w64"], ["llm42-w128"]]
+    (tmp_path / "none").mkdir()
+    estimate.main([str(plan), "--results", str(tmp_path / "none"), "--budget-s", "10000"])
+    lines = capsys.readouterr().out.splitlines()
+    assert sum(" start llm42-w" in ln for ln in lines) == starts, lines
+    assert sum(" run llm42-w" in ln and "n=512 ratio 1" in ln for ln in lines) == 4, lines
 
 def test_install_llm42_writes_a_discoverable_dist_info(tmp_path):
     info = install(tmp_path / "site")
@@ -592,6 +661,84 @@ def test_driver_switches_variants_on_the_llm42_server(tmp_path, monkeypatch):
     assert refused["benchmark_mode"] == {"skip_compare": False, "inject_mismatch_rate": 0.5}
 
 
+
+def test_driver_sweeps_windows_on_one_server(tmp_path, monkeypatch):
+    """--switch-variants with several windows: one start with the largest, each other window
+    switched in before its rows (a 409 from a server still busy is retried), rows labelled
+    and sized by their own window; a switch refused for good becomes skipped rows saying why,
+    and the server returns to its own window at the end."""
+    import requests
+
+    from benchmarks import driver
+    from benchmarks.env_info import append_jsonl
+    from llm42 import server_process
+
+    events, busy = [], {"left": 1}
+
+    class FakeServer(_FakeServer):
+        def start(self):
+            events.append(("start", " ".join(self.flags)))
+
+        def stop(self):
+            events.append(("stop",))
+
+    class Reply:
+        def __init__(self, body, status=200):
+            self.body, self.status_code = body, status
+
+        def json(self):
+            return self.body
+
+    def fake_post(url, json=None, timeout=None):
+        events.append(("mode", json))
+        if json["window_size"] == 16 and busy["left"]:
+            busy["left"] -= 1
+            return Reply({"error": {"message": "window_size cannot switch from 64 to 16 while 1 "
+                                               "deterministic request(s) are in flight: a "
+                                               "window switch needs an idle server"}}, 409)
+        return Reply({"success": True, **json, "max_verify_wait": json["window_size"] // 4})
+
+    def fake_bench(self, cfg, url, wl, ratio):
+        events.append(("bench", cfg.label, ratio))
+        append_jsonl(self.results, _row(cfg.config, ratio, 10.0, server_label=cfg.label,
+                                        **{k: v for k, v in cfg.meta.items()
+                                           if k != "benchmark_mode"}))
+
+    monkeypatch.setattr(server_process, "SGLangServer", FakeServer)
+    monkeypatch.setattr(driver.Driver, "bench", fake_bench)
+    monkeypatch.setattr(requests, "post", fake_post)
+    monkeypatch.setattr(driver.time, "sleep", lambda s: events.append(("wait",)))
+    argv = ["--model-path", "m", "--configs", "llm42,llm42-inject", "--det-ratios", "1.0",
+            "--variant-ratios", "1.0", "--window-sizes", "16,64", "--verify-batch-size", "4",
+            "--inject-mismatch-rate", "0.5", "--switch-variants"]
+    assert driver.main(argv + ["--out-dir", str(tmp_path / "a")]) == 0
+    plain, inject = ({"skip_compare": False, "inject_mismatch_rate": rate} for rate in (0.0, 0.5))
+    assert events == [
+        ("start", "--enable-llm42 --llm42-window-size 64 --llm42-verify-batch-size 4 "
+                  "--llm42-benchmark-modes"),
+        ("bench", "llm42-w64", 1.0),
+        ("mode", {**plain, "window_size": 16}), ("wait",),  # busy once: asked again
+        ("mode", {**plain, "window_size": 16}), ("bench", "llm42-w16", 1.0),
+        ("mode", {**inject, "window_size": 16}), ("bench", "llm42-w16-inject0.5", 1.0),
+        ("mode", {**inject, "window_size": 64}), ("bench", "llm42-w64-inject0.5", 1.0),
+        ("mode", {**plain, "window_size": 64}), ("stop",)]
+    rows = _results(tmp_path / "a")
+    assert [(r["server_label"], r["window_size"], r["inject_mismatch_rate"]) for r in rows] == [
+        ("llm42-w64", 64, 0.0), ("llm42-w16", 16, 0.0), ("llm42-w16-inject0.5", 16, 0.5),
+        ("llm42-w64-inject0.5", 64, 0.5)]
+
+    events.clear()
+    busy["left"] = 10**6  # busy for good: given up after SWITCH_BUSY_WAIT_S
+    monkeypatch.setattr(driver, "SWITCH_BUSY_WAIT_S", 0.0)
+    assert driver.main(argv + ["--out-dir", str(tmp_path / "b")]) == 0
+    assert [e[1] for e in events if e[0] == "bench"] == ["llm42-w64", "llm42-w64-inject0.5"]
+    skipped = [r for r in _results(tmp_path / "b") if r["skipped"]]
+    assert [(r["server_label"], r["window_size"]) for r in skipped] == [
+        ("llm42-w16", 16), ("llm42-w16-inject0.5", 16)]
+    for row in skipped:
+        assert row["skip_reason"].startswith("benchmark mode not switched: HTTP 409"), row
+        assert "needs an idle server" in row["skip_reason"] and schema_problems(row) == []
+
 def test_driver_timeline_records_every_server_and_summarizes_it(tmp_path, monkeypatch):
     """--timeline: every server gets --llm42-timeline-dir OUT/timeline_LABEL, and what it wrote
     there is summarized (timeline.md) once the server stopped."""
@@ -672,8 +819,8 @@ def driver_run(tiny_model, tmp_path_factory) -> Path:
     code = driver.main([
         "--model-path", tiny_model, "--out-dir", str(out),
         "--configs", "nondet,sglang-det,llm42,llm42-inject", "--det-ratios", "0.5",
-        "--window-sizes", "8", "--verify-batch-size", "4",
-        # the injected row on the llm42 server, switched at runtime (one start fewer)
+        "--window-sizes", "8,16", "--verify-batch-size", "4",
+        # one llm42 start (W = 16) for both windows and the injected rows, switched at runtime
         "--switch-variants", "--variant-ratios", "1.0", "--inject-mismatch-rate", "1.0",
         "--server-args", "--random-seed 7 --context-length 1024",
         "--workload", ("--dataset-name random --random-input-len 32 --random-output-len 20 "
@@ -692,8 +839,8 @@ def _results(out: Path) -> list[dict]:
 def test_driver_jsonl_schema(driver_run):
     rows = _results(driver_run)
     by_config = sorted((r["config"], r["dataset"]) for r in rows)
-    assert by_config == [("llm42", "random"), ("llm42", "random"), ("nondet", "random"),
-                         ("sglang-det", "random")]
+    assert by_config == [("llm42", "random")] * 4 + [("nondet", "random"),
+                                                     ("sglang-det", "random")]
     for row in rows:
         assert schema_problems(row) == [], (row["config"], schema_problems(row))
         assert set(REQUIRED_KEYS) <= set(row)
@@ -702,20 +849,31 @@ def test_driver_jsonl_schema(driver_run):
         assert row["output_throughput"] > 0 and row["ttft_p50_ms"] > 0
         assert row["gpu"] == "cpu" and row["command"].split()[1:3] == [
             "-m", "benchmarks.bench_serving"]
-    [injected] = [r for r in rows if r.get("benchmark_mode")]
-    assert injected["benchmark_mode"] == {"skip_compare": False, "inject_mismatch_rate": 1.0}
-    assert injected["inject_mismatch_rate"] == 1.0 and injected["det_ratio"] == 1.0
-    assert "--llm42-benchmark-modes" in injected["server_args"]
-    stats = injected["llm42_stats"]  # every window of every request forced to mismatch
-    assert stats["injected_mismatches"] >= SMOKE_PROMPTS and stats["rollbacks"] >= SMOKE_PROMPTS
-    for row in [r for r in rows if r["config"] == "llm42" and r is not injected]:
+    llm42 = {r["server_label"]: r for r in rows if r["config"] == "llm42"}
+    assert sorted(llm42) == ["llm42-w16", "llm42-w16-inject1", "llm42-w8", "llm42-w8-inject1"]
+    for label, row in llm42.items():  # one server start, its window switched at runtime
+        window = 8 if label.startswith("llm42-w8") else 16
+        assert (row["window_size"], row["verify_batch_size"]) == (window, 4), "server's values"
+        assert row["llm42_stats"]["max_verify_wait"] == window // 4
+        assert "--llm42-window-size 16" in row["server_args"]
+        assert "--llm42-benchmark-modes" in row["server_args"]
+        assert row["verify_passes"] > 0 and isinstance(row["reserved_kv_tokens"], int)
+        if label != "llm42-w16":  # the server's own mode needs no switch
+            assert row["benchmark_mode"]["window_size"] == window
+    for label in ("llm42-w8-inject1", "llm42-w16-inject1"):
+        injected = llm42[label]
+        assert injected["benchmark_mode"] == {"skip_compare": False, "inject_mismatch_rate": 1.0,
+                                              "window_size": injected["window_size"]}
+        assert injected["inject_mismatch_rate"] == 1.0 and injected["det_ratio"] == 1.0
+        stats = injected["llm42_stats"]  # every window of every request forced to mismatch
+        assert stats["injected_mismatches"] >= SMOKE_PROMPTS
+        assert stats["rollbacks"] >= SMOKE_PROMPTS
+    for row in (llm42["llm42-w8"], llm42["llm42-w16"]):
         assert row["det_ratio"] == 0.5 and row["num_det_requests"] == 3
         assert row["det_completed"] == 3 and row["normal_completed"] == 3
         assert row["det_e2e_p50_ms"] > 0 and row["normal_e2e_p50_ms"] > 0
-        assert (row["window_size"], row["verify_batch_size"]) == (8, 4), "server's values"
         assert row["skip_compare"] is False and row["inject_mismatch_rate"] == 0.0
-        assert row["verify_passes"] > 0 and row["rollbacks"] >= 0
-        assert isinstance(row["reserved_kv_tokens"], int)
+        assert row["rollbacks"] >= 0
     for row in [r for r in rows if r["config"] == "nondet"]:
         assert row["verify_passes"] is None and row["num_det_requests"] == 0
 
@@ -733,18 +891,18 @@ def test_driver_table_plots_and_commands(driver_run):
     table = (driver_run / "table.md").read_text()
     results, profile = table.split("\n## Where llm42's time went", 1)
     rows = [ln for ln in results.splitlines() if ln.startswith("| random")]
-    assert len(rows) == 4
-    # the two llm42 runs (the ratio and the injected one) say where their server's time went
-    assert len([ln for ln in profile.splitlines() if ln.startswith("| random")]) == 2
+    assert len(rows) == 6
+    # the four llm42 runs (two windows, plain and injected) say where their server's time went
+    assert len([ln for ln in profile.splitlines() if ln.startswith("| random")]) == 4
     assert sum("1.000x" in ln for ln in rows) == 1, "nondet normalised to itself"
     assert all(any(c in ln for c in ("x |", "did not start")) for ln in rows)
     for name in ("throughput_vs_ratio.png", "latency.png"):
         data = (driver_run / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
     commands = (driver_run / "commands.txt").read_text()
-    assert commands.count("sglang.launch_server") == 3, "the injected row needs no start"
-    assert commands.count("benchmarks.bench_serving") == 3
-    assert (driver_run / "server_llm42-w8.log").stat().st_size > 0
+    assert commands.count("sglang.launch_server") == 3, "the switched rows need no start"
+    assert commands.count("benchmarks.bench_serving") == 5
+    assert (driver_run / "server_llm42-w16.log").stat().st_size > 0
     # --report-only regenerates the same table from the JSONL
     from benchmarks import driver
 

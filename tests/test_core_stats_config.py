@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -190,6 +191,9 @@ def test_which_deterministic_prefills_run_alone(kwargs, threshold) -> None:
     ({"inject_mismatch_rate": 1}, {"inject_mismatch_rate": 1.0}),
     ({"skip_compare": False, "inject_mismatch_rate": 0.25},
      {"skip_compare": False, "inject_mismatch_rate": 0.25}),
+    ({"window_size": 1}, {"window_size": 1}),  # the smallest window
+    ({"window_size": 128, "inject_mismatch_rate": 0}, {"window_size": 128,
+                                                       "inject_mismatch_rate": 0.0}),
 ])
 def test_benchmark_mode_parses(body, mode) -> None:
     from llm42.core.config import parse_benchmark_mode
@@ -202,7 +206,12 @@ def test_benchmark_mode_parses(body, mode) -> None:
     ({"inject_mismatch_rate": -0.1}, "inject_mismatch_rate must be a number in [0, 1]"),
     ({"inject_mismatch_rate": float("nan")}, "inject_mismatch_rate must be"),
     ({"inject_mismatch_rate": "0.5"}, "inject_mismatch_rate must be"),
-    ({"window_size": 8}, "unknown field 'window_size'"),
+    ({"window_size": 0}, "window_size must be an integer >= 1, got 0"),  # empty window
+    ({"window_size": -16}, "window_size must be an integer >= 1, got -16"),
+    ({"window_size": 16.0}, "window_size must be an integer >= 1, got 16.0"),  # a float
+    ({"window_size": True}, "window_size must be an integer >= 1, got True"),  # bool is an int
+    ({"window_size": "16"}, "window_size must be an integer >= 1"),
+    ({"verify_batch_size": 4}, "unknown field 'verify_batch_size'"),  # sizes the passes
     (None, "JSON object"),
 ])
 def test_benchmark_mode_errors_name_the_field(body, message) -> None:
@@ -221,3 +230,30 @@ def test_benchmark_mode_needs_the_flag_and_keeps_the_rest() -> None:
     switched = with_benchmark_mode(config, {"inject_mismatch_rate": 0.5})
     assert switched.inject_mismatch_rate == 0.5 and not switched.skip_compare
     assert switched.window_size == 16 and switched.max_passes_per_step == 1
+
+
+def test_window_switch_is_validated_like_the_flags() -> None:
+    """A new W: the derived max verify wait follows it, an explicit one must stay below it, it
+    must fit the context, and no deterministic request may be in flight (409, not 400)."""
+    from llm42.core.config import ModeSwitchBusy, with_benchmark_mode
+
+    config = Llm42Config(window_size=64, benchmark_modes=True, inject_mismatch_rate=0.5)
+    switched = with_benchmark_mode(config, {"window_size": 16}, context_length=1024)
+    assert (switched.window_size, switched.verify_wait_steps) == (16, 4)  # W // 4, not 16
+    assert switched.inject_mismatch_rate == 0.5, "other fields kept"
+    waits = replace(config, max_verify_wait=20)
+    assert with_benchmark_mode(waits, {"window_size": 32}).verify_wait_steps == 20
+    with pytest.raises(ValueError, match=re.escape(
+            "window_size 16 refused: --llm42-max-verify-wait must be in [0, window size), "
+            "got 20 with --llm42-window-size 16")):
+        with_benchmark_mode(waits, {"window_size": 16})
+    with pytest.raises(ValueError, match="window_size 2048 refused: .*context length found is "
+                                         "1024"):
+        with_benchmark_mode(config, {"window_size": 2048}, context_length=1024)
+    with pytest.raises(ModeSwitchBusy, match=re.escape(
+            "window_size cannot switch from 64 to 16 while 2 deterministic request(s) are in "
+            "flight: a window switch needs an idle server")):
+        with_benchmark_mode(config, {"window_size": 16}, num_det_in_flight=2)
+    # the window it already has, or other fields, switch with requests in flight
+    assert with_benchmark_mode(config, {"window_size": 64, "skip_compare": True},
+                               num_det_in_flight=2).skip_compare

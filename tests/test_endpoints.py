@@ -99,3 +99,46 @@ def test_scheduler_switches_benchmark_modes_only_when_started_with_the_flag():
     assert not on.switch_benchmark_mode({"inject_mismatch_rate": 7})
     assert on.switch_benchmark_mode({"inject_mismatch_rate": 1.0})
     assert on.snapshot()["inject_mismatch_rate"] == 1.0 and on.injector.rate == 1.0
+
+
+def test_scheduler_switches_the_window_only_with_no_deterministic_request_in_flight():
+    """A window switch with deterministic requests anywhere in the scheduler is refused and the
+    reason kept for the endpoint (409); once they are gone it switches, the snapshot reports the
+    new W and its default max verify wait, and the pass-path warning starts over (a B x W pass
+    may replay a CUDA graph for one W and not for another)."""
+    from types import SimpleNamespace
+
+    from llm42.core import DetRequestState, Llm42Config
+    from llm42.sglang.runtime import Llm42Runtime
+    from llm42.sglang.scheduler_hooks import num_det_in_flight
+
+    def req(det: bool, finished: bool = False):
+        r = SimpleNamespace(finished=lambda: finished)
+        if det:
+            r._llm42 = DetRequestState(rid="r", window_size=8, num_prompt_tokens=4)
+        return r
+
+    waiting, running, done = req(True), req(True), req(True, finished=True)
+    scheduler = SimpleNamespace(
+        model_config=SimpleNamespace(vocab_size=100, context_len=64), waiting_queue=[waiting],
+        chunked_req=None, running_batch=SimpleNamespace(reqs=[running, req(False), done]),
+        last_batch=SimpleNamespace(reqs=[running]),  # the same request counts once
+        grammar_manager=SimpleNamespace(grammar_queue=[]))
+    assert num_det_in_flight(scheduler) == 2
+    scheduler.result_queue = [(SimpleNamespace(reqs=[req(True)]), None)]  # overlap: in flight
+    assert num_det_in_flight(scheduler) == 3
+
+    rt = Llm42Runtime(scheduler, Llm42Config(window_size=8, benchmark_modes=True))
+    rt.pass_paths.add(True)
+    assert not rt.switch_benchmark_mode({"window_size": 16}, num_det_in_flight=3)
+    assert rt.config.window_size == 8 and rt.snapshot()["benchmark_mode_refusal"]["busy"]
+    assert "needs an idle server" in rt.mode_refusal["message"]
+    assert rt.switch_benchmark_mode({"inject_mismatch_rate": 0.5}, num_det_in_flight=3)
+    assert rt.mode_refusal is None and rt.pass_paths == {True}, "same W: nothing to start over"
+    assert not rt.switch_benchmark_mode({"window_size": 128})  # over the context length (64)
+    assert not rt.mode_refusal["busy"] and "context length" in rt.mode_refusal["message"]
+    assert rt.switch_benchmark_mode({"window_size": 16})
+    snap = rt.snapshot()
+    assert (snap["window_size"], snap["max_verify_wait"], snap["inject_mismatch_rate"]) == (
+        16, 4, 0.5)
+    assert snap["benchmark_mode_refusal"] is None and rt.pass_paths == set()

@@ -10,7 +10,8 @@ import sys
 import pytest
 import requests
 
-from helpers import generate
+from conftest import CONTEXT, WINDOW, _llm42_args, _start
+from helpers import assert_same, concurrently, generate
 from llm42.server_process import cpu_server_env
 
 pytestmark = pytest.mark.server
@@ -232,7 +233,8 @@ def test_benchmark_modes_switch_on_a_running_server(llm42_server):
     base = generate(url, prompt, det=True, max_new_tokens=24)
     try:
         assert _mode(llm42_server, {"inject_mismatch_rate": 1.0}).json() == {
-            "success": True, "skip_compare": False, "inject_mismatch_rate": 1.0}
+            "success": True, "skip_compare": False, "inject_mismatch_rate": 1.0,
+            "window_size": WINDOW, "max_verify_wait": WINDOW // 4}
         requests.post(url + "/reset_llm42_stats", timeout=30)
         injected = generate(url, prompt, det=True, max_new_tokens=24)
         stats = requests.get(url + "/llm42_stats", timeout=30).json()
@@ -241,7 +243,8 @@ def test_benchmark_modes_switch_on_a_running_server(llm42_server):
         assert injected[:2] == base[:2], "tokens and logprobs as without injection"
 
         assert _mode(llm42_server, {"inject_mismatch_rate": 0, "skip_compare": True}).json() == {
-            "success": True, "skip_compare": True, "inject_mismatch_rate": 0.0}
+            "success": True, "skip_compare": True, "inject_mismatch_rate": 0.0,
+            "window_size": WINDOW, "max_verify_wait": WINDOW // 4}
         requests.post(url + "/reset_llm42_stats", timeout=30)
         generate(url, prompt, det=True, max_new_tokens=24)
         stats = requests.get(url + "/llm42_stats", timeout=30).json()
@@ -257,7 +260,11 @@ def test_benchmark_modes_switch_on_a_running_server(llm42_server):
     ({"skip_compare": "yes"}, "skip_compare"),
     ({"inject_mismatch_rate": 1.5}, "inject_mismatch_rate"),
     ({"inject_mismatch_rate": True}, "inject_mismatch_rate"),
-    ({"window_size": 4}, "'window_size'"),
+    ({"window_size": 0}, "window_size must be an integer >= 1"),
+    ({"window_size": 8.0}, "window_size must be an integer >= 1"),  # a float, even a whole one
+    ({"window_size": True}, "window_size must be an integer >= 1"),
+    ({"window_size": 2048}, "window_size 2048 refused"),  # over the context length (1024)
+    ({"verify_batch_size": 2}, "'verify_batch_size'"),  # not switchable
     ([0.5], "JSON object"),
 ])
 def test_benchmark_mode_bad_body_is_400_naming_the_field(llm42_server, body, field):
@@ -267,6 +274,7 @@ def test_benchmark_mode_bad_body_is_400_naming_the_field(llm42_server, body, fie
     assert malformed.status_code == 400, malformed.text
     stats = requests.get(llm42_server.url + "/llm42_stats", timeout=30).json()
     assert not stats["skip_compare"] and stats["inject_mismatch_rate"] == 0.0
+    assert stats["window_size"] == WINDOW
 
 
 def test_benchmark_modes_are_off_without_the_flag(inject_server, plain_server):
@@ -281,3 +289,115 @@ def test_benchmark_modes_are_off_without_the_flag(inject_server, plain_server):
     assert r.status_code == 400 or r.json()["updated"] is False, r.text
     stats = requests.get(inject_server.url + "/llm42_stats", timeout=30).json()
     assert stats["skip_compare"] is False and stats["inject_mismatch_rate"] == 0.5
+
+
+# -- window_size switched at runtime --------------------------------------------------------------
+SWITCHED_WINDOW = 16
+SWITCH_PROMPTS = ["Count with me: one two three four", "The quick brown fox jumps over"]
+SWITCH_TOKENS = 40  # 39 candidates after the solo prefill's token: 3 windows of 16, 5 of 8
+
+
+@pytest.fixture(scope="module")
+def window16_server(tiny_model, tmp_path_factory):
+    """llm42_server's model and flags, started with the window the test switches llm42_server
+    to; its explicit max verify wait (W // 4, the default's value: outputs unchanged) is what a
+    smaller window must stay above."""
+    args = _llm42_args(window=SWITCHED_WINDOW) + [
+        "--llm42-max-verify-wait", str(SWITCHED_WINDOW // 4), "--llm42-benchmark-modes"]
+    server = _start(tiny_model, args, "window16", tmp_path_factory)
+    yield server
+    server.stop()
+
+
+def _windows_match(meta: dict, window: int) -> bool:
+    """Each pass commits at most W tokens, and all but the rolled-back ones and the last commit
+    exactly W: ceil(n / W) <= passes <= ceil(n / W) + rollbacks for n candidates."""
+    num_windows = -(-(meta["completion_tokens"] - 1) // window)
+    return num_windows <= meta["llm42_verify_passes"] <= num_windows + meta["llm42_rollbacks"]
+
+
+def test_window_switch_serves_as_a_server_started_with_that_window(llm42_server,
+                                                                   window16_server):
+    """One server start for a window sweep: after POST {"window_size": 16}, a deterministic
+    request gives bitwise the tokens and logprobs of a server started with
+    --llm42-window-size 16, with passes of 16 tokens, also with every window forced to
+    mismatch; switched back to 8, bitwise its own output before the switch."""
+    url = llm42_server.url
+
+    def run(server_url):  # one batched /generate: outputs are batch-invariant
+        return generate(server_url, SWITCH_PROMPTS, det=True, max_new_tokens=SWITCH_TOKENS)
+
+    before, reference = concurrently([lambda: run(url), lambda: run(window16_server.url)])
+    try:
+        assert _mode(llm42_server, {"window_size": SWITCHED_WINDOW}).json() == {
+            "success": True, "skip_compare": False, "inject_mismatch_rate": 0.0,
+            "window_size": SWITCHED_WINDOW, "max_verify_wait": SWITCHED_WINDOW // 4}
+        switched = run(url)
+        stats = requests.get(url + "/llm42_stats", timeout=30).json()
+        assert (stats["window_size"], stats["max_verify_wait"]) == (16, 4), stats
+        for prompt, ref, got in zip(SWITCH_PROMPTS, reference, switched):
+            assert_same(ref, got, f"switched to W=16 vs started with W=16: {prompt!r}")
+            assert _windows_match(got[2], SWITCHED_WINDOW), got[2]
+        assert _mode(llm42_server, {"inject_mismatch_rate": 1.0}).status_code == 200
+        requests.post(url + "/reset_llm42_stats", timeout=30)
+        injected = run(url)
+        stats = requests.get(url + "/llm42_stats", timeout=30).json()
+        assert stats["injected_mismatches"] >= 2 * 3, stats  # every window of both requests
+        for prompt, ref, got in zip(SWITCH_PROMPTS, reference, injected):
+            assert_same(ref, got, f"W=16, every window forced to mismatch: {prompt!r}")
+    finally:
+        reply = _mode(llm42_server, {"window_size": WINDOW, "inject_mismatch_rate": 0.0})
+        assert reply.status_code == 200, reply.text
+    for prompt, ref, got in zip(SWITCH_PROMPTS, before, run(url)):
+        assert_same(ref, got, f"switched back to W=8: {prompt!r}")
+        assert _windows_match(got[2], WINDOW), got[2]
+
+
+def test_window_switch_below_an_explicit_max_verify_wait_is_400(window16_server):
+    """--llm42-max-verify-wait 4 must stay below the window: W = 4 is refused naming both."""
+    r = _mode(window16_server, {"window_size": 4})
+    message = r.json()["error"]["message"]
+    assert r.status_code == 400 and message.startswith("window_size 4 refused"), r.text
+    assert "--llm42-max-verify-wait" in message
+    assert _mode(window16_server, {"window_size": 5}).json()["max_verify_wait"] == 4  # explicit
+    assert _mode(window16_server, {"window_size": SWITCHED_WINDOW}).status_code == 200
+
+
+def _switch_while_streaming(server, rid: str, det: bool, modes: list[dict]):
+    """Stream a long request; once its first chunk arrived (it is in the scheduler) POST each
+    of `modes`, then abort it. The replies, and the request's last chunk."""
+    sp = {"max_new_tokens": CONTEXT - 64, "temperature": 0, "is_deterministic": det,
+          "ignore_eos": True}
+    body = {"text": "Hello", "rid": rid, "stream": True, "sampling_params": sp}
+    replies, last = [], None
+    with requests.post(server.url + "/generate", json=body, stream=True, timeout=300) as r:
+        assert r.status_code == 200, r.text
+        for line in r.iter_lines():
+            if not line.startswith(b"data: {"):
+                continue
+            last = json.loads(line[6:])
+            if not replies:
+                replies = [_mode(server, mode) for mode in modes]
+                requests.post(server.url + "/abort_request", json={"rid": rid}, timeout=60)
+    return replies, last
+
+
+def test_window_switch_with_a_deterministic_request_in_flight_is_409(llm42_server):
+    """Its windows would change under it and a pass would mix row widths: refused, saying
+    why, and the server keeps its window. A normal request in flight does not matter."""
+    [refused], last = _switch_while_streaming(llm42_server, "llm42-switch-det", True,
+                                              [{"window_size": SWITCHED_WINDOW}])
+    assert refused.status_code == 409, refused.text
+    message = refused.json()["error"]["message"]
+    assert "needs an idle server (no deterministic requests in flight)" in message, message
+    assert "from 8 to 16" in message, message
+    # it was still running after the refusal: aborted, not finished
+    assert last["meta_info"]["finish_reason"]["type"] == "abort", last["meta_info"]
+    stats = requests.get(llm42_server.url + "/llm42_stats", timeout=30).json()
+    assert stats["window_size"] == WINDOW and stats["benchmark_mode_refusal"]["busy"], stats
+
+    replies, last = _switch_while_streaming(llm42_server, "llm42-switch-normal", False, [
+        {"window_size": SWITCHED_WINDOW}, {"window_size": WINDOW}])
+    assert [r.status_code for r in replies] == [200, 200], [r.text for r in replies]
+    assert [r.json()["window_size"] for r in replies] == [SWITCHED_WINDOW, WINDOW]
+    assert last["meta_info"]["finish_reason"]["type"] == "abort", last["meta_info"]

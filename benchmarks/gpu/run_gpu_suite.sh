@@ -16,7 +16,9 @@
 #                              llm42-skip-compare | llm42-inject | llm42-no-overlap |
 #                              llm42-batched-prefill | all (default: nondet,
 #                              sglang-det, llm42); Llama-3.1-8B shape, dummy weights
-#   smollm2-sweep              llm42 at ratio 1.0, windows $SWEEP_WINDOWS, + nondet, SmolLM2 shape
+#   smollm2-sweep              llm42 at ratio 1.0, windows $SWEEP_WINDOWS, + nondet, SmolLM2 shape;
+#                              with SWITCH_VARIANTS=1 every window runs on one llm42 server start
+#                              (started with the largest, the others switched in at runtime)
 #   online                     ShareGPT at --request-rate $ONLINE_RATE (comma-separated: a load
 #                              curve, every rate on each server): nondet, sglang-det, llm42 at $ONLINE_RATIO
 #   report                     merge every results.jsonl of this run into one table + plots
@@ -52,8 +54,9 @@
 #   PREFILL_GRAPHS=0 (1: keep SGLang's prefill CUDA graphs for every config)
 #   TIMELINE=0 (1: every server, baselines too, records a step timeline, summarized in
 #   STEP/timeline_LABEL/)
-#   SWITCH_VARIANTS=1 (llm42-skip-compare / llm42-inject run on the llm42 server of the step,
-#   switched by POST /llm42_benchmark_mode: a server start saved per variant; 0: one each)
+#   SWITCH_VARIANTS=1 (llm42-skip-compare / llm42-inject and the other windows of
+#   --window-sizes run on the llm42 server of the step, switched by POST /llm42_benchmark_mode:
+#   a server start saved per variant and window, ~100 s each; 0: one start each)
 #   DRY_RUN=0 (1: install nothing, start nothing; every python command the steps would run is
 #   appended to $OUT/dry_run.jsonl as a JSON argv; tests/test_benchmarks.py checks them; price
 #   the call with `python -m benchmarks.gpu.estimate $OUT/dry_run.jsonl --budget-s N` first)
@@ -328,7 +331,7 @@ run_step() {
   esac
 }
 
-[[ $# -gt 0 ]] || { sed -n 2,30p "${BASH_SOURCE[0]}"; exit 2; }
+[[ $# -gt 0 ]] || { sed -n 2,32p "${BASH_SOURCE[0]}"; exit 2; }
 setup || { log "setup failed"; exit 1; }
 # shellcheck disable=SC1091
 [[ $DRY_RUN == 1 ]] || source "$PREFIX/env.sh"

@@ -110,19 +110,24 @@ class Llm42Config:
 
 
 # What POST /llm42_benchmark_mode may switch on a running server (--llm42-benchmark-modes).
-BENCHMARK_MODE_FIELDS = ("skip_compare", "inject_mismatch_rate")
+BENCHMARK_MODE_FIELDS = ("skip_compare", "inject_mismatch_rate", "window_size")
+
+
+class ModeSwitchBusy(RuntimeError):
+    """A window switch asked for while deterministic requests are in flight (HTTP 409): each
+    request keeps the W it started with, and a verification pass needs one W for all its rows."""
 
 
 def parse_benchmark_mode(body) -> dict:
     """A request body of POST /llm42_benchmark_mode, checked field by field: ``ValueError``
-    names the field. Both fields are optional; an empty body changes nothing."""
+    names the field. Every field is optional; an empty body changes nothing."""
     if not isinstance(body, dict):
-        raise ValueError("the body must be a JSON object with skip_compare and/or "
-                         "inject_mismatch_rate")
+        raise ValueError("the body must be a JSON object with some of "
+                         f"{', '.join(BENCHMARK_MODE_FIELDS)}")
     unknown = sorted(set(body) - set(BENCHMARK_MODE_FIELDS))
     if unknown:
         raise ValueError(f"unknown field {unknown[0]!r}: only "
-                         f"{' and '.join(BENCHMARK_MODE_FIELDS)} can be switched at runtime")
+                         f"{', '.join(BENCHMARK_MODE_FIELDS)} can be switched at runtime")
     mode = {}
     if "skip_compare" in body:
         if not isinstance(body["skip_compare"], bool):
@@ -134,13 +139,37 @@ def parse_benchmark_mode(body) -> dict:
                 math.isfinite(rate) and 0.0 <= rate <= 1.0):
             raise ValueError(f"inject_mismatch_rate must be a number in [0, 1], got {rate!r}")
         mode["inject_mismatch_rate"] = float(rate)
+    if "window_size" in body:
+        window = body["window_size"]
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"window_size must be an integer >= 1, got {window!r}")
+        mode["window_size"] = window
     return mode
 
 
-def with_benchmark_mode(config: Llm42Config, mode: dict) -> Llm42Config:
-    """The config a running server switches to; only a server started with
-    --llm42-benchmark-modes may (skip_compare turns determinism off)."""
+def with_benchmark_mode(config: Llm42Config, mode: dict, context_length: int | None = None,
+                        num_det_in_flight: int = 0) -> Llm42Config:
+    """The config a running server switches to, validated like the flags; only a server
+    started with --llm42-benchmark-modes may (skip_compare turns determinism off).
+
+    A new window size needs no deterministic request in flight (``ModeSwitchBusy``): nothing
+    else is sized by W (dummy rows reuse SGLang's padding slot, prefix-cache rows live in a
+    namespace per W), and the default max verify wait (W // 4) follows it."""
     if not config.benchmark_modes:
         raise PermissionError("benchmark modes are off: start the server with "
                               "--llm42-benchmark-modes to switch them at runtime")
-    return replace(config, **parse_benchmark_mode(mode))
+    mode = parse_benchmark_mode(mode)
+    window = mode.get("window_size", config.window_size)
+    if window != config.window_size and num_det_in_flight:
+        raise ModeSwitchBusy(
+            f"window_size cannot switch from {config.window_size} to {window} while "
+            f"{num_det_in_flight} deterministic request(s) are in flight: a window switch "
+            "needs an idle server (no deterministic requests in flight); retry once they "
+            "finished")
+    switched = replace(config, **mode)
+    try:
+        switched.validate(context_length)
+    except ValueError as exc:
+        raise ValueError(f"window_size {window} refused: {exc}") if (
+            window != config.window_size) else exc
+    return switched

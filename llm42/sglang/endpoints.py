@@ -9,9 +9,14 @@ from __future__ import annotations
 
 from fastapi import Request  # at module level: FastAPI resolves the route's annotations here
 
-from llm42.core.config import parse_benchmark_mode
+from llm42.core.config import (
+    BENCHMARK_MODE_FIELDS,
+    parse_benchmark_mode,
+    with_benchmark_mode,
+)
 from llm42.core.stats import Llm42Stats
 from llm42.sglang.scheduler_hooks import META_KEYS, MODE_KEY, RESET_KEY
+from llm42.sglang.server_args import config_from_server_args
 
 # Counters (Llm42Stats' keys, and per-rank KV) are summed over ranks; every other key is a
 # setting, identical on every rank, and kept as it is.
@@ -58,23 +63,37 @@ def tokenizer_manager_init_hook(result, tokenizer_manager, *args, **kwargs):
         if not (getattr(args, "enable_llm42", False) and getattr(args, "llm42_benchmark_modes",
                                                                   False)):
             return _error(403, "benchmark modes are off: start the server with --enable-llm42 "
-                               "--llm42-benchmark-modes to switch skip_compare and "
-                               "inject_mismatch_rate at runtime")
+                               "--llm42-benchmark-modes to switch skip_compare, "
+                               "inject_mismatch_rate and window_size at runtime")
         try:
             mode = parse_benchmark_mode(await request.json())
+            # flag-dependent checks of a new window (max verify wait, context length) here too,
+            # so that they are a 400 before the scheduler is asked
+            with_benchmark_mode(config_from_server_args(args), mode, _context_length(
+                tokenizer_manager))
         except ValueError as exc:  # malformed JSON is a ValueError too
             return _error(400, str(exc))
         updated = await tokenizer_manager.set_internal_state(
             SetInternalStateReq(server_args={MODE_KEY: mode}))
-        states = merge_snapshots([s.get("llm42", {})
-                                  for s in await tokenizer_manager.get_internal_state()])
+        ranks = [s.get("llm42", {}) for s in await tokenizer_manager.get_internal_state()]
+        if not (updated and all(updated)):
+            refusals = [r["benchmark_mode_refusal"] for r in ranks
+                        if r.get("benchmark_mode_refusal")]
+            busy = [r for r in refusals if r["busy"]]
+            if busy or refusals:
+                return _error(409 if busy else 400, (busy or refusals)[0]["message"])
+        states = merge_snapshots(ranks)
         return ORJSONResponse({"success": bool(updated) and all(updated),
-                               **{k: states.get(k) for k in ("skip_compare",
-                                                             "inject_mismatch_rate")}})
+                               **{k: states.get(k) for k in BENCHMARK_MODE_FIELDS},
+                               "max_verify_wait": states.get("max_verify_wait")})
 
     app.add_api_route("/llm42_stats", llm42_stats, methods=["GET"])
     app.add_api_route("/reset_llm42_stats", reset_llm42_stats, methods=["POST"])
     app.add_api_route("/llm42_benchmark_mode", llm42_benchmark_mode, methods=["POST"])
+
+
+def _context_length(tokenizer_manager) -> int | None:
+    return getattr(getattr(tokenizer_manager, "model_config", None), "context_len", None)
 
 
 def _error(status: int, message: str):

@@ -77,7 +77,9 @@ def publish_prompt(scheduler, req) -> int:
     from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
     from sglang.srt.mem_cache.radix_cache import RadixKey
 
-    window = runtime.RUNTIME.config.window_size
+    from llm42.sglang.scheduler_hooks import det_state
+
+    window = det_state(req).window_size  # the rows its prompt pass wrote
     num_tokens = len(req.origin_input_ids) // window * window
     protected = req.cache_protected_len
     if req.req_pool_idx is None or num_tokens <= protected:

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llm42.core.config import Llm42Config, with_benchmark_mode
+from llm42.core.config import Llm42Config, ModeSwitchBusy, with_benchmark_mode
 from llm42.core.injection import MismatchInjector
 from llm42.core.stats import Llm42Stats
 from llm42.core.timeline import StepTimeline
@@ -42,23 +42,35 @@ class Llm42Runtime:
         self.overlap = bool(getattr(scheduler, "enable_overlap", False))
         self.step_started: float | None = None  # when the running scheduler iteration began
         self.step_kind: str | None = None  # kind of the batch it launched (None: idle)
+        model_config = getattr(scheduler, "model_config", None)
+        self.context_length = getattr(model_config, "context_len", None)  # checks a new W
+        self.mode_refusal: dict | None = None  # why the last benchmark-mode switch was refused
         self.metrics = None
         if getattr(scheduler, "enable_metrics", False):
             from llm42.sglang.metrics import Llm42Metrics
 
             self.metrics = Llm42Metrics()
 
-    def switch_benchmark_mode(self, mode: dict) -> bool:
-        """POST /llm42_benchmark_mode: skip_compare / inject_mismatch_rate from the next decision
-        on; the injector starts its seeded sequence again, so each run injects the same way."""
+    def switch_benchmark_mode(self, mode: dict, num_det_in_flight: int = 0) -> bool:
+        """POST /llm42_benchmark_mode: skip_compare / inject_mismatch_rate / window_size from
+        the next decision on; the injector starts its seeded sequence again, so each run
+        injects the same way. A refusal is logged and kept, with its reason, in
+        `mode_refusal` (read back by the endpoint through the stats snapshot)."""
         try:
-            self.config = with_benchmark_mode(self.config, mode)
-        except (ValueError, PermissionError) as exc:
+            config = with_benchmark_mode(self.config, mode, self.context_length,
+                                         num_det_in_flight)
+        except (ValueError, PermissionError, ModeSwitchBusy) as exc:
             logger.warning("llm42 benchmark mode %r refused: %s", mode, exc)
+            self.mode_refusal = {"busy": isinstance(exc, ModeSwitchBusy), "message": str(exc)}
             return False
-        self.injector = MismatchInjector(self.config.inject_mismatch_rate, self.config.seed)
-        logger.info("llm42 benchmark mode: skip compare %s, inject mismatch rate %.3f",
-                    self.config.skip_compare, self.config.inject_mismatch_rate)
+        if config.window_size != self.config.window_size:
+            # Whether a pass replays a CUDA graph depends on its B x W tokens: a path per W.
+            self.pass_paths.clear()
+        self.config, self.mode_refusal = config, None
+        self.injector = MismatchInjector(config.inject_mismatch_rate, config.seed)
+        logger.info("llm42 benchmark mode: skip compare %s, inject mismatch rate %.3f, window "
+                    "%d (max verify wait %d)", config.skip_compare, config.inject_mismatch_rate,
+                    config.window_size, config.verify_wait_steps)
         return True
 
     def snapshot(self) -> dict:
@@ -78,6 +90,7 @@ class Llm42Runtime:
             prefix_cache=self.config.prefix_cache,
             solo_prefill_min_tokens=self.config.solo_prefill_threshold,
             benchmark_modes=self.config.benchmark_modes,
+            benchmark_mode_refusal=self.mode_refusal,
             timeline=timeline_path(),
             # Dummy rows reuse SGLang's reserved padding row 0 / slot 0: no extra KV.
             reserved_kv_tokens=0,

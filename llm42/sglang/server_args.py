@@ -129,9 +129,11 @@ def add_cli_args_hook(original, parser: argparse.ArgumentParser):
         "--llm42-benchmark-modes",
         action="store_true",
         help="Benchmarking only: accept POST /llm42_benchmark_mode {\"skip_compare\": bool, "
-        "\"inject_mismatch_rate\": float} to switch those two settings on the running server "
-        "between benchmark runs (one server start for llm42, comparison-skipped and injected "
-        "runs). Off (default): the endpoint answers 403, since skip_compare turns determinism off.",
+        "\"inject_mismatch_rate\": float, \"window_size\": int} to switch those settings on "
+        "the running server between benchmark runs (one server start for llm42, "
+        "comparison-skipped and injected runs, and a window sweep). A window switch needs an "
+        "idle server: with deterministic requests in flight it is refused (409). Off "
+        "(default): the endpoint answers 403, since skip_compare turns determinism off.",
     )
 
 
