@@ -296,21 +296,35 @@ def plot_latency(rows: list[dict], path: Path) -> None:
     _save(plt, fig, path)
 
 
-def plot_window_sweep(rows: list[dict], path: Path) -> bool:
-    """Output throughput vs window size per (workload, ratio), when rows hold several windows."""
+def window_sweep_series(rows: list[dict]) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """Per measure (output tok/s, recompute %), one series per (workload, ratio) over window
+    sizes; empty unless the plain llm42 rows hold several windows. Recompute % is what a real
+    model's mismatches cost at each W: the other half of choosing W."""
     runs = [r for r in rows if r.get("config") == "llm42" and not r.get("skipped")
             and r.get("output_throughput") and not r.get("skip_compare")
             and not r.get("inject_mismatch_rate")]
     if len({r.get("window_size") for r in runs}) < 2:
+        return {}
+    out: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for name, key in (("output tok/s", "output_throughput"), ("recompute %", "recompute_pct")):
+        series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        for r in runs:
+            if r.get(key) is not None:
+                series[f"{workload_of(r)} r={r['det_ratio']:g}"].append((r["window_size"], r[key]))
+        if series:
+            out[name] = dict(series)
+    return out
+
+
+def plot_window_sweep(rows: list[dict], path: Path) -> bool:
+    """Output throughput and recompute % against window size, when rows hold several windows."""
+    measures = window_sweep_series(rows)
+    if not measures:
         return False
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    series: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    for r in runs:
-        series[f"{workload_of(r)} r={r['det_ratio']:g}"].append(
-            (r["window_size"], r["output_throughput"]))
-    _plot_series(ax, series, "llm42 window size W", "output tok/s",
-                 xscale={"value": "log", "base": 2})
+    fig, axes = plt.subplots(1, len(measures), figsize=(6 * len(measures), 4), squeeze=False)
+    for ax, (name, series) in zip(axes[0], measures.items()):
+        _plot_series(ax, series, "llm42 window size W", name, xscale={"value": "log", "base": 2})
     _save(plt, fig, path)
     return True
 

@@ -1063,3 +1063,20 @@ def test_report_says_where_an_llm42_servers_time_went(tmp_path):
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
     report.write_report(jsonl, tmp_path)
     assert "## Where llm42's time went" in (tmp_path / "table.md").read_text()
+
+
+def test_window_sweep_plots_throughput_and_recompute_per_window(tmp_path):
+    """A window sweep's figure has both halves of choosing W: what each window costs in
+    throughput and what a real model's mismatches cost in recomputed tokens."""
+    base = {"verify_batch_size": 8, "skip_compare": False, "inject_mismatch_rate": 0.0}
+    rows = [_row("llm42", 1.0, tput, window_size=w, recompute_pct=pct, **base)
+            for w, tput, pct in ((16, 3900.0, 4.8), (64, 7300.0, 16.3), (32, 5500.0, 9.0))]
+    rows.append(_row("llm42", 1.0, 9000.0, window_size=16, recompute_pct=50.0,
+                     **{**base, "inject_mismatch_rate": 0.5}))  # injected: not a natural rate
+    measures = report.window_sweep_series(rows)
+    assert set(measures) == {"output tok/s", "recompute %"}
+    (label, points), = measures["recompute %"].items()
+    assert "r=1" in label and sorted(points) == [(16, 4.8), (32, 9.0), (64, 16.3)]
+    assert sorted(measures["output tok/s"][label]) == [(16, 3900.0), (32, 5500.0), (64, 7300.0)]
+    assert report.window_sweep_series(rows[:1]) == {}, "one window is not a sweep"
+    assert report.plot_window_sweep(rows, tmp_path / "w.png") and (tmp_path / "w.png").stat().st_size
