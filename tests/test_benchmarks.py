@@ -538,6 +538,48 @@ class _FakeServer:
         self.args = [sys.executable, "-m", "sglang.launch_server", *self.flags]
 
 
+class _Reply:
+    """A requests.Response stand-in for POST /llm42_benchmark_mode."""
+
+    def __init__(self, body, status=200):
+        self.body, self.status_code = body, status
+
+    def json(self):
+        return self.body
+
+
+def _switching_driver(monkeypatch, events: list, answer):
+    """The driver with fake servers and benchmarks that log starts, stops, benchmarks and mode
+    switches into `events`; `answer(mode)` is the server's reply to a switch."""
+    import requests
+
+    from benchmarks import driver
+    from benchmarks.env_info import append_jsonl
+    from llm42 import server_process
+
+    class FakeServer(_FakeServer):
+        def start(self):
+            events.append(("start", " ".join(self.flags)))
+
+        def stop(self):
+            events.append(("stop",))
+
+    def fake_post(url, json=None, timeout=None):
+        events.append(("mode", json))
+        return answer(json)
+
+    def fake_bench(self, cfg, url, wl, ratio):
+        events.append(("bench", cfg.label, ratio))
+        append_jsonl(self.results, _row(cfg.config, ratio, 10.0, server_label=cfg.label,
+                                        **{k: v for k, v in cfg.meta.items()
+                                           if k != "benchmark_mode"}))
+
+    monkeypatch.setattr(server_process, "SGLangServer", FakeServer)
+    monkeypatch.setattr(driver.Driver, "bench", fake_bench)
+    monkeypatch.setattr(requests, "post", fake_post)
+    return driver
+
+
 def test_driver_runs_every_workload_on_each_server_start(tmp_path, monkeypatch):
     """One server start per config, every workload benchmarked on it, one skipped row per
     workload for a config whose server does not start, and a table normalised per workload."""
@@ -595,43 +637,14 @@ def test_driver_switches_variants_on_the_llm42_server(tmp_path, monkeypatch):
     server (one start, with --llm42-benchmark-modes), each after a switch the server confirmed;
     a variant whose switch the server refuses becomes skipped rows, and the server is switched
     back at the end."""
-    import requests
-
-    from benchmarks import driver
-    from benchmarks.env_info import append_jsonl
-    from llm42 import server_process
-
     events = []
 
-    class FakeServer(_FakeServer):
-        def start(self):
-            events.append(("start", " ".join(self.flags)))
+    def answer(mode):
+        if mode["inject_mismatch_rate"] == 0.5:
+            return _Reply({"error": {"message": "refused"}}, 403)
+        return _Reply({"success": True, **mode})
 
-        def stop(self):
-            events.append(("stop",))
-
-    class Reply:
-        def __init__(self, body, status=200):
-            self.body, self.status_code = body, status
-
-        def json(self):
-            return self.body
-
-    def fake_post(url, json=None, timeout=None):
-        events.append(("mode", json))
-        if json["inject_mismatch_rate"] == 0.5:
-            return Reply({"error": {"message": "refused"}}, 403)
-        return Reply({"success": True, **json})
-
-    def fake_bench(self, cfg, url, wl, ratio):
-        events.append(("bench", cfg.label, ratio))
-        append_jsonl(self.results, _row(cfg.config, ratio, 10.0, server_label=cfg.label,
-                                        **{k: v for k, v in cfg.meta.items()
-                                           if k != "benchmark_mode"}))
-
-    monkeypatch.setattr(server_process, "SGLangServer", FakeServer)
-    monkeypatch.setattr(driver.Driver, "bench", fake_bench)
-    monkeypatch.setattr(requests, "post", fake_post)
+    driver = _switching_driver(monkeypatch, events, answer)
     argv = ["--model-path", "m", "--configs", "nondet,llm42,llm42-skip-compare,llm42-inject",
             "--det-ratios", "0.1,1.0", "--variant-ratios", "1.0", "--window-sizes", "8",
             "--verify-batch-size", "4", "--inject-mismatch-rate", "0.25", "--switch-variants"]
@@ -667,46 +680,17 @@ def test_driver_sweeps_windows_on_one_server(tmp_path, monkeypatch):
     switched in before its rows (a 409 from a server still busy is retried), rows labelled
     and sized by their own window; a switch refused for good becomes skipped rows saying why,
     and the server returns to its own window at the end."""
-    import requests
-
-    from benchmarks import driver
-    from benchmarks.env_info import append_jsonl
-    from llm42 import server_process
-
     events, busy = [], {"left": 1}
 
-    class FakeServer(_FakeServer):
-        def start(self):
-            events.append(("start", " ".join(self.flags)))
-
-        def stop(self):
-            events.append(("stop",))
-
-    class Reply:
-        def __init__(self, body, status=200):
-            self.body, self.status_code = body, status
-
-        def json(self):
-            return self.body
-
-    def fake_post(url, json=None, timeout=None):
-        events.append(("mode", json))
-        if json["window_size"] == 16 and busy["left"]:
+    def answer(mode):
+        if mode["window_size"] == 16 and busy["left"]:
             busy["left"] -= 1
-            return Reply({"error": {"message": "window_size cannot switch from 64 to 16 while 1 "
-                                               "deterministic request(s) are in flight: a "
-                                               "window switch needs an idle server"}}, 409)
-        return Reply({"success": True, **json, "max_verify_wait": json["window_size"] // 4})
+            return _Reply({"error": {"message": "window_size cannot switch from 64 to 16 while "
+                                                "1 deterministic request(s) are in flight: a "
+                                                "window switch needs an idle server"}}, 409)
+        return _Reply({"success": True, **mode, "max_verify_wait": mode["window_size"] // 4})
 
-    def fake_bench(self, cfg, url, wl, ratio):
-        events.append(("bench", cfg.label, ratio))
-        append_jsonl(self.results, _row(cfg.config, ratio, 10.0, server_label=cfg.label,
-                                        **{k: v for k, v in cfg.meta.items()
-                                           if k != "benchmark_mode"}))
-
-    monkeypatch.setattr(server_process, "SGLangServer", FakeServer)
-    monkeypatch.setattr(driver.Driver, "bench", fake_bench)
-    monkeypatch.setattr(requests, "post", fake_post)
+    driver = _switching_driver(monkeypatch, events, answer)
     monkeypatch.setattr(driver.time, "sleep", lambda s: events.append(("wait",)))
     argv = ["--model-path", "m", "--configs", "llm42,llm42-inject", "--det-ratios", "1.0",
             "--variant-ratios", "1.0", "--window-sizes", "16,64", "--verify-batch-size", "4",
@@ -738,6 +722,7 @@ def test_driver_sweeps_windows_on_one_server(tmp_path, monkeypatch):
     for row in skipped:
         assert row["skip_reason"].startswith("benchmark mode not switched: HTTP 409"), row
         assert "needs an idle server" in row["skip_reason"] and schema_problems(row) == []
+
 
 def test_driver_timeline_records_every_server_and_summarizes_it(tmp_path, monkeypatch):
     """--timeline: every server gets --llm42-timeline-dir OUT/timeline_LABEL, and what it wrote
