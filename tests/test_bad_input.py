@@ -194,6 +194,25 @@ def test_validation_helpers_name_the_field():
     assert request_fields.extract_sampling_flag({"custom_params": [1]}, enabled=True)[1] is False
 
 
+def test_top_level_flag_of_native_generate_moves_into_sampling_params():
+    """Native /generate drops unknown top-level keys: the hook moves the flag in instead, into
+    every prompt's params of a batch, and refuses a bad or contradicting value by name."""
+    merge = request_fields.merge_top_level_flag
+    assert merge(None, True, enabled=True) == {"is_deterministic": True}
+    assert merge({"temperature": 0.5}, True, enabled=True) == {"temperature": 0.5,
+                                                               "is_deterministic": True}
+    assert merge({"is_deterministic": False}, False, enabled=False) == {"is_deterministic": False}
+    assert merge([{}, {"max_new_tokens": 3}], True, enabled=True) == [
+        {"is_deterministic": True}, {"max_new_tokens": 3, "is_deterministic": True}]
+    for inner in (False, 1, "true"):
+        with pytest.raises(ValueError, match="'is_deterministic' was sent twice"):
+            merge({"is_deterministic": inner}, True, enabled=True)
+    with pytest.raises(ValueError, match="'is_deterministic' must be a boolean"):
+        merge({}, "yes", enabled=True)
+    with pytest.raises(ValueError, match="--enable-llm42"):
+        merge({}, True, enabled=False)
+
+
 # ------------------------------------------------------------ values that crash a scheduler
 # Each of these, unchecked, kills SGLang 0.5.17's scheduler (a deterministic request reaches
 # llm42's seeded sampler / verifier with it): llm42 must answer 400 instead.

@@ -75,6 +75,33 @@ def _stream_chunks(url, path, body):
     return chunks
 
 
+def test_native_top_level_flag_is_a_deterministic_request(llm42_server, plain_server):
+    """`"is_deterministic": true` at the top level of /generate (where the OpenAI routes take
+    it) is verified like the field inside sampling_params, bitwise the same output, for each
+    prompt of a batch; a bad or contradicting value is a 400 naming the field."""
+    url = llm42_server.url
+    sp = {"temperature": 0.8, "sampling_seed": 77, "max_new_tokens": 20}
+    inside = generate(url, PROMPTS[:2], det=True, temperature=0.8, seed=77, max_new_tokens=20)
+    body = {"text": PROMPTS[:2], "sampling_params": sp, "return_logprob": True,
+            "is_deterministic": True}
+    before = llm42_stats(url)["det_requests_finished"]
+    out = requests.post(url + "/generate", json=body, timeout=300)
+    assert out.status_code == 200, out.text
+    top = [(o["output_ids"], [t[0] for t in o["meta_info"]["output_token_logprobs"]])
+           for o in out.json()]
+    assert top == [(ids, lps) for ids, lps, _ in inside]
+    assert all("llm42_verify_passes" in o["meta_info"] for o in out.json())
+    assert llm42_stats(url)["det_requests_finished"] == before + 2
+    for value, sampling, where in ((True, {**sp, "is_deterministic": False}, "twice"),
+                                   ("yes", sp, "must be a boolean")):
+        bad = requests.post(url + "/generate", timeout=60, json={
+            "text": PROMPTS[0], "sampling_params": sampling, "is_deterministic": value})
+        assert bad.status_code == 400 and "is_deterministic" in bad.text and where in bad.text
+    off = requests.post(plain_server.url + "/generate", timeout=60, json={
+        "text": PROMPTS[0], "sampling_params": sp, "is_deterministic": True})
+    assert off.status_code == 400 and "--enable-llm42" in off.text, off.text
+
+
 def test_openai_endpoints_reproducible(llm42_server):
     url = llm42_server.url
     comp = {"model": "default", "prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0.8,

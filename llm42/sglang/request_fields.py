@@ -1,7 +1,8 @@
 """The `is_deterministic` request field: parsing, validation, and its route to the scheduler.
 
-SamplingParams is a msgspec struct that rejects unknown keys (HTTP 500), and the OpenAI models
-drop unknown top-level keys. So the field is moved into `custom_params["is_deterministic"]`,
+SamplingParams is a msgspec struct that rejects unknown keys (HTTP 500), and the OpenAI models and
+native /generate's dataclass drop unknown top-level keys. So the field is read from the raw body
+where it is top-level, and moved into `custom_params["is_deterministic"]`,
 which SGLang already carries from every endpoint to `Req.sampling_params.custom_params`.
 Validation raises ValueError, which SGLang turns into HTTP 400.
 """
@@ -215,16 +216,56 @@ def create_tokenized_object_hook(self, obj, *args, **kwargs):
     return None
 
 
+async def _top_level_flag(raw_request) -> Any:
+    """The top-level field of the raw JSON body (already read and cached by FastAPI), or
+    `_MISSING`."""
+    if raw_request is None:
+        return _MISSING
+    try:
+        body = await raw_request.json()
+    except Exception:
+        return _MISSING
+    return body[FIELD] if isinstance(body, dict) and FIELD in body else _MISSING
+
+
+def merge_top_level_flag(sampling_params, value: Any, *, enabled: bool):
+    """Native /generate: the sampling params with a top-level `is_deterministic` moved in (a
+    batch's list: into each); ValueError (HTTP 400) for a bad value or one that contradicts
+    a value already inside sampling_params."""
+    parse_flag(value, enabled=enabled)
+    if sampling_params is None:
+        return {FIELD: value}
+    if isinstance(sampling_params, dict):
+        inner = sampling_params.get(FIELD, value)
+        if inner is not value:  # value is a bool: the same singleton or a contradiction
+            raise ValueError(
+                f"'{FIELD}' was sent twice with different values: {value!r} at the top level "
+                f"and {inner!r} in sampling_params. Send it once."
+            )
+        return {**sampling_params, FIELD: value}
+    if isinstance(sampling_params, list):
+        return [merge_top_level_flag(sp, value, enabled=enabled) for sp in sampling_params]
+    return sampling_params  # SGLang rejects other shapes itself
+
+
+async def generate_request_hook(original, self, obj, request=None):
+    """AROUND TokenizerManager.generate_request: native /generate parses its body into a
+    dataclass that drops unknown top-level keys, so a top-level `is_deterministic` would be
+    ignored without a word; it is moved into sampling_params, where the OpenAI hook's route
+    and `create_tokenized_object_hook` take it."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    value = await _top_level_flag(request) if isinstance(obj, GenerateReqInput) else _MISSING
+    if value is not _MISSING:
+        enabled = bool(getattr(self.server_args, "enable_llm42", False))
+        obj.sampling_params = merge_top_level_flag(obj.sampling_params, value, enabled=enabled)
+    async for out in original(self, obj, request):
+        yield out
+
+
 async def openai_handle_request_hook(original, self, request, raw_request):
     """AROUND OpenAIServingBase.handle_request: read the top-level field the models drop."""
-    value = _MISSING
-    if raw_request is not None:
-        try:
-            body = await raw_request.json()
-        except Exception:
-            body = None
-        if isinstance(body, dict) and FIELD in body:
-            value = body[FIELD]
+    value = await _top_level_flag(raw_request)
     if value is not _MISSING:
         enabled = bool(getattr(self.tokenizer_manager.server_args, "enable_llm42", False))
         try:
