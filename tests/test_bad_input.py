@@ -202,6 +202,10 @@ def test_top_level_flag_of_native_generate_moves_into_sampling_params():
     assert merge({"temperature": 0.5}, True, enabled=True) == {"temperature": 0.5,
                                                                "is_deterministic": True}
     assert merge({"is_deterministic": False}, False, enabled=False) == {"is_deterministic": False}
+    routed = {"custom_params": {"is_deterministic": True}}  # by the OpenAI hook: left as it is
+    assert merge(routed, True, enabled=True) is routed
+    with pytest.raises(ValueError, match="sent twice"):
+        merge({"custom_params": {"is_deterministic": False}}, True, enabled=True)
     assert merge([{}, {"max_new_tokens": 3}], True, enabled=True) == [
         {"is_deterministic": True}, {"max_new_tokens": 3, "is_deterministic": True}]
     for inner in (False, 1, "true"):

@@ -236,13 +236,19 @@ def merge_top_level_flag(sampling_params, value: Any, *, enabled: bool):
     if sampling_params is None:
         return {FIELD: value}
     if isinstance(sampling_params, dict):
-        inner = sampling_params.get(FIELD, value)
+        # already inside: in sampling_params, or in its custom_params (where the OpenAI hook
+        # put it: OpenAI requests reach this hook too, with their raw body)
+        custom = sampling_params.get("custom_params")
+        inner = sampling_params.get(FIELD, custom.get(FIELD, _MISSING) if isinstance(
+            custom, dict) else _MISSING)
+        if inner is _MISSING:
+            return {**sampling_params, FIELD: value}
         if inner is not value:  # value is a bool: the same singleton or a contradiction
             raise ValueError(
                 f"'{FIELD}' was sent twice with different values: {value!r} at the top level "
                 f"and {inner!r} in sampling_params. Send it once."
             )
-        return {**sampling_params, FIELD: value}
+        return sampling_params
     if isinstance(sampling_params, list):
         return [merge_top_level_flag(sp, value, enabled=enabled) for sp in sampling_params]
     return sampling_params  # SGLang rejects other shapes itself
