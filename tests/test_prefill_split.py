@@ -1,0 +1,78 @@
+"""The prefill hook's split of SGLang's waiting queue (deterministic solo prefills apart from the
+rest), on fake schedulers: it is O(queue) per scheduler step, so it is skipped exactly when
+SGLang's `_get_new_batch_prefill_raw` would admit nothing anyway."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from llm42.core.config import Llm42Config
+from llm42.core.window import DetRequestState
+from llm42.sglang import runtime, scheduler_hooks
+
+
+class Req:
+    def __init__(self, name: str, det: bool, prompt_len: int):
+        self.name, self.origin_input_ids = name, list(range(prompt_len))
+        self.return_logprob, self.logprob_start_len = False, -1
+        if det:
+            self._llm42 = DetRequestState(rid=name, window_size=8, num_prompt_tokens=prompt_len)
+
+
+class Unreadable:
+    """A queued request the split must not look at."""
+
+    @property
+    def _llm42(self):
+        raise AssertionError("the waiting queue was scanned")
+
+
+def _scheduler(queue, *, full: bool, grammars: bool = False):
+    return types.SimpleNamespace(
+        waiting_queue=list(queue), chunked_req=None, enable_priority_preemption=False,
+        is_hybrid_swa=False,
+        grammar_manager=types.SimpleNamespace(has_waiting_grammars=lambda: grammars),
+        running_batch=types.SimpleNamespace(batch_is_full=full))
+
+
+@pytest.fixture(autouse=True)
+def llm42_runtime(monkeypatch):
+    # prompts of 1,024 tokens or more prefill alone (the default threshold)
+    monkeypatch.setattr(runtime, "RUNTIME", types.SimpleNamespace(
+        config=Llm42Config(), prefer_det_prefill=True))
+
+
+def _run(scheduler):
+    seen = []
+
+    def original(sched, prefill_delayer_single_pass=None, running_batch=None):
+        seen.append([getattr(r, "name", "?") for r in sched.waiting_queue])
+        return None, running_batch
+
+    scheduler_hooks.prefill_batch_hook(original, scheduler, prefill_delayer_single_pass=None,
+                                       running_batch=scheduler.running_batch)
+    return seen[0]
+
+
+def test_a_full_running_batch_skips_the_split():
+    queue = [Unreadable() for _ in range(3)]
+    sched = _scheduler(queue, full=True)
+    assert len(_run(sched)) == 3  # SGLang saw its own queue, and returns at once
+    assert sched.waiting_queue == queue
+
+
+def test_room_in_the_batch_shows_a_solo_prefill_alone_and_restores_the_queue():
+    queue = [Req("normal", False, 20), Req("long-det", True, 2000), Req("short-det", True, 20)]
+    sched = _scheduler(queue, full=False)
+    assert _run(sched) == ["long-det"]  # deterministic solo prefills go first, one at a time
+    assert [r.name for r in sched.waiting_queue] == ["normal", "long-det", "short-det"]
+
+
+@pytest.mark.parametrize("case", ["grammar-ready", "preemption"])
+def test_a_full_batch_that_sglang_may_still_change_takes_the_split(case):
+    queue = [Req("normal", False, 20), Req("long-det", True, 2000)]
+    sched = _scheduler(queue, full=True, grammars=case == "grammar-ready")
+    sched.enable_priority_preemption = case == "preemption"
+    assert _run(sched) == ["long-det"]
