@@ -492,7 +492,8 @@ def test_gpu_suite_dry_run_hands_the_driver_arguments_it_accepts(tmp_path):
 def test_gpu_suite_smollm2_sweep_starts_one_server_for_its_windows(tmp_path, capsys, switch,
                                                                    starts):
     """SWITCH_VARIANTS=1 (the default): the four windows of the SmolLM2 sweep run on one server
-    start, switched at runtime, and the estimator prices one start; 0: a start per window."""
+    start, switched at runtime, and the estimator prices one start; 0: a start per window.
+    WARMUP_REQUESTS reaches every timed run of the sweep (unset: bench_serving's default)."""
     from benchmarks import driver
     from benchmarks.gpu import estimate
 
@@ -500,13 +501,16 @@ def test_gpu_suite_smollm2_sweep_starts_one_server_for_its_windows(tmp_path, cap
     env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
            "RUN_DIR": str(tmp_path / "run"), "JIT_CACHE": str(tmp_path / "none.tar.gz"),
            "SMOLLM2_WEIGHTS": "real", "SWEEP_CONFIGS": "llm42", "SWEEP_PROMPTS": "512",
-           "SWITCH_VARIANTS": switch}
+           "SWITCH_VARIANTS": switch, **({"WARMUP_REQUESTS": "64"} if switch == "1" else {})}
     subprocess.run(["bash", str(suite), "smollm2-sweep"], env=env, check=True,
                    capture_output=True, timeout=120)
     plan = tmp_path / "out" / "dry_run.jsonl"
     [argv] = [json.loads(ln)[2:] for ln in plan.read_text().splitlines()
               if json.loads(ln)[:2] == ["-m", "benchmarks.driver"]]
-    configs = driver.server_configs(driver.build_parser().parse_args(argv))
+    args = driver.build_parser().parse_args(argv)
+    warmup = ["--warmup-requests", "64"] if switch == "1" else []
+    assert args.bench_args.split()[6:] == warmup, args.bench_args
+    configs = driver.server_configs(args)
     labels = [[c.label, *[v.label for v in c.switched]] for c in configs]
     if switch == "1":
         assert labels == [["llm42-w128", "llm42-w16", "llm42-w32", "llm42-w64"]]
