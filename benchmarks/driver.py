@@ -52,8 +52,9 @@ class ServerConfig:
     flags: list[str]
     ratios: list[float]
     meta: dict = field(default_factory=dict)  # window_size, verify_batch_size, ... for the rows
-    # --switch-variants: the comparison-skipped / injected configs run on this server after its
-    # own rows, each switched on by POST /llm42_benchmark_mode with its meta["benchmark_mode"]
+    # --switch-variants: the comparison-skipped / injected configs and the other windows run on
+    # this server after its own rows, each switched on by POST /llm42_benchmark_mode with its
+    # meta["benchmark_mode"]
     switched: list[ServerConfig] = field(default_factory=list)
     kind: str = ""  # the name in CONFIGS it came from
 

@@ -336,7 +336,7 @@ run_step() {
   esac
 }
 
-[[ $# -gt 0 ]] || { sed -n 2,32p "${BASH_SOURCE[0]}"; exit 2; }
+[[ $# -gt 0 ]] || { awk '/^# Every step/ {exit} NR > 1' "${BASH_SOURCE[0]}"; exit 2; }  # usage, steps
 setup || { log "setup failed"; exit 1; }
 # shellcheck disable=SC1091
 [[ $DRY_RUN == 1 ]] || source "$PREFIX/env.sh"

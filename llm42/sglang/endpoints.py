@@ -80,7 +80,7 @@ def tokenizer_manager_init_hook(result, tokenizer_manager, *args, **kwargs):
             refusals = [r["benchmark_mode_refusal"] for r in ranks
                         if r.get("benchmark_mode_refusal")]
             busy = [r for r in refusals if r["busy"]]
-            if busy or refusals:
+            if refusals:
                 return _error(409 if busy else 400, (busy or refusals)[0]["message"])
         states = merge_snapshots(ranks)
         return ORJSONResponse({"success": bool(updated) and all(updated),
