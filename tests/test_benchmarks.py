@@ -1027,6 +1027,21 @@ def test_estimate_prices_a_planned_call_from_recorded_runs(tmp_path, capsys):
     assert "over the budget" in capsys.readouterr().out
 
 
+def test_estimate_prices_each_window_of_a_sweep_from_its_own_rows(tmp_path):
+    """A window sweep's runs differ by window (W = 16 pays passes, W = 128 re-decoded tails):
+    each is priced from the rows of its window, any window's rows standing in for one never
+    recorded."""
+    from benchmarks.gpu import estimate
+
+    rows = [{**_row("llm42", 1.0, 1.0, workload="sharegpt n=512", duration=d, window_size=w,
+                    timestamp=t), "_file": "f"} for w, d, t in ((16, 37.0, "2"), (64, 22.0, "1"))]
+    assert [estimate.price_run(rows, "m", "sharegpt n=512", "llm42", 1.0,
+                               {"window_size": w}, 77.0)[0] for w in (16, 64)] == [37.0, 22.0]
+    # W = 32 never ran: the newest row of any window (W = 16's), scaled to the prompt count
+    assert estimate.price_run(rows, "m", "sharegpt n=1024", "llm42", 1.0,
+                              {"window_size": 32}, 77.0)[0] == 74.0
+
+
 def test_report_says_where_an_llm42_servers_time_went(tmp_path):
     """The step profile of each llm42 run as seconds that add up to the run: iterations by
     kind, the next-batch step (passes, drains, SGLang's batch building, llm42's own work), and

@@ -8,7 +8,8 @@ benchmark run from the rows already recorded under `benchmarks/results/` (the sa
 config and ratio, the newest such row; between two recorded ratios of that config a linear
 interpolation, outside them the nearest; without any, the workload's nondet run times a rough
 factor, flagged as a guess; a run of another size scales with its prompt count). A run no
-recorded row resembles is priced at `--unknown-run-s` and flagged. Configs the driver switches
+recorded row resembles is priced at `--unknown-run-s` and flagged. An llm42 run is priced from
+rows of its own window when there are any. Configs the driver switches
 in at runtime (`--switch-variants`: skip / inject, the other windows of a sweep) add runs, not
 starts.
 Server starts on the H200 took 54-118 s (decode CUDA-graph capture, process start), the suite's
@@ -67,6 +68,10 @@ def price_run(rows: list[dict], model: str, workload: str, config: str, ratio: f
     same = [r for r in mine if r.get("config") == config
             and bool(r.get("skip_compare")) == skip
             and bool(r.get("inject_mismatch_rate")) == inject]
+    # a sweep's windows cost differently (passes against re-decoded tails): its own window's
+    # rows when there are any
+    window = [r for r in same if r.get("window_size") == meta.get("window_size")]
+    same = window if meta.get("window_size") and window else same
     if not same:
         nondet = _newest([r for r in mine if r.get("config") == "nondet"], 0.0)
         if nondet is None or config not in _VS_NONDET:
