@@ -9,9 +9,8 @@ config and ratio, the newest such row; between two recorded ratios of that confi
 interpolation, outside them the nearest; without any, the workload's nondet run times a rough
 factor, flagged as a guess; a run of another size scales with its prompt count). A run no
 recorded row resembles is priced at `--unknown-run-s` and flagged. An llm42 run is priced from
-rows of its own window when there are any. Configs the driver switches
-in at runtime (`--switch-variants`: skip / inject, the other windows of a sweep) add runs, not
-starts.
+rows of its own window when there are any. Configs the driver switches in at runtime
+(`--switch-variants`: skip / inject, the other windows of a sweep) add runs, not starts.
 Server starts on the H200 took 54-118 s (decode CUDA-graph capture, process start), the suite's
 setup 20-35 s per call, and each run adds ~20 s of client start and dataset loading: the
 defaults. Exit 1 when the call does not fit its budget.

@@ -42,8 +42,6 @@ class Llm42Runtime:
         self.overlap = bool(getattr(scheduler, "enable_overlap", False))
         self.step_started: float | None = None  # when the running scheduler iteration began
         self.step_kind: str | None = None  # kind of the batch it launched (None: idle)
-        model_config = getattr(scheduler, "model_config", None)
-        self.context_length = getattr(model_config, "context_len", None)  # checks a new W
         self.mode_refusal: dict | None = None  # why the last benchmark-mode switch was refused
         self.metrics = None
         if getattr(scheduler, "enable_metrics", False):
@@ -57,8 +55,9 @@ class Llm42Runtime:
         injects the same way. A refusal is logged and kept, with its reason, in
         `mode_refusal` (read back by the endpoint through the stats snapshot)."""
         try:
-            config = with_benchmark_mode(self.config, mode, self.context_length,
-                                         num_det_in_flight)
+            config = with_benchmark_mode(
+                self.config, mode, getattr(self.scheduler.model_config, "context_len", None),
+                num_det_in_flight)
         except (ValueError, PermissionError, ModeSwitchBusy) as exc:
             logger.warning("llm42 benchmark mode %r refused: %s", mode, exc)
             self.mode_refusal = {"busy": isinstance(exc, ModeSwitchBusy), "message": str(exc)}
