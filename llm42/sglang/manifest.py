@@ -41,10 +41,13 @@ def installed_sglang_version() -> str | None:
 
 
 def _patches_dir() -> Path:
-    try:
-        return Path(str(importlib.resources.files("llm42.patches")))
-    except ModuleNotFoundError:  # source checkout on PYTHONPATH, not installed
-        return Path(__file__).resolve().parents[2] / "patches"
+    """The manifests beside the imported `llm42` when it is a source checkout (a checkout on
+    PYTHONPATH, e.g. a git worktree, must not read the installed checkout's manifests), else the
+    installed package data."""
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").is_file() and (checkout / "patches").is_dir():
+        return checkout / "patches"
+    return Path(str(importlib.resources.files("llm42.patches")))
 
 
 def manifest_path(version: str) -> Path:
