@@ -21,9 +21,10 @@ PROMPTS = [
 
 def generate(url: str, text, *, det: bool | None = True, max_new_tokens: int = 24,
              temperature: float = 0.0, seed: int | None = None, stream: bool = False,
-             extra: dict | None = None, timeout: float = 300):
-    """Native /generate; returns (token_ids, logprobs, meta_info) per prompt."""
-    sp = {"temperature": temperature, "max_new_tokens": max_new_tokens}
+             extra: dict | None = None, sampling: dict | None = None, timeout: float = 300):
+    """Native /generate; returns (token_ids, logprobs, meta_info) per prompt. `sampling` adds
+    sampling_params (top_p, top_k, min_p, ...)."""
+    sp = {"temperature": temperature, "max_new_tokens": max_new_tokens, **(sampling or {})}
     if det is not None:
         sp["is_deterministic"] = det
     if seed is not None:

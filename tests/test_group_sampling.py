@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from llm42.sglang import cpu_sampling, group_sampling, runtime, verifier
+from llm42.sglang import cpu_sampling, det_rows, group_sampling, runtime, verifier, vocab_noise
 
 sm = pytest.importorskip("sglang.srt.layers.sampler")
 
@@ -26,7 +26,7 @@ ROWS = [
     (0.8, 0.9, TOP_K_ALL, 0.0, 13, 1),
     (1.0, 1.0, 20, 0.0, 14, 0),
     (0.5, 1.0, TOP_K_ALL, 0.0, 15, 0),
-    (0.8, 1.0, TOP_K_ALL, 0.1, 16, 0),  # min-p: SGLang has no seeded path, sampled unseeded
+    (0.8, 1.0, TOP_K_ALL, 0.1, 16, 0),  # min-p: SGLang has no seeded path: unseeded if normal
 ]
 MIN_P_ROW = 5
 
@@ -40,6 +40,9 @@ def sampler(monkeypatch):
     monkeypatch.setattr(sm, "murmur_hash32", cpu_sampling.murmur_hash32)
     monkeypatch.setattr(sm, "multinomial_with_seed", inspect.unwrap(sm.multinomial_with_seed))
     monkeypatch.setattr(runtime, "RUNTIME", object())  # llm42 on
+    original = sm.Sampler._sample_from_probs  # hooked as the plugin hooks it
+    monkeypatch.setattr(sm.Sampler, "_sample_from_probs", lambda *a, **kw: (
+        vocab_noise.sample_from_probs_hook(original, *a, **kw)))
     s = sm.Sampler.__new__(sm.Sampler)  # without a TP group
     nn.Module.__init__(s)
     s.rl_on_policy_target, s.enable_deterministic = None, False
@@ -51,11 +54,12 @@ def sampler(monkeypatch):
 FORWARD = inspect.unwrap(sm.Sampler.forward)
 
 
-def _run(sampler, rows, logits, position, hook: bool, stale: bool = False):
+def _run(sampler, rows, logits, position, hook: bool, stale: bool = False, det: bool = False):
     reqs = [SimpleNamespace(sampling_params=SimpleNamespace(
         temperature=t, top_p=p, top_k=k, min_p=m, sampling_seed=seed))
         for t, p, k, m, seed, _ in rows]
     info = verifier._sampling_info(reqs, "cpu", VOCAB)  # batch-wide flags, as SGLang sets them
+    det_rows.mark(info, [det] * len(rows))  # the verifier marks every row deterministic
     if stale:  # a greedy row has left the batch: SGLang never clears the flags it merged in
         info.is_any_greedy = info.need_top_k_sampling = True
     out = sm.LogitsProcessorOutput(next_token_logits=logits.clone())
@@ -95,3 +99,50 @@ def test_single_kind_batch_is_unchanged(sampler):
     ref = _run(sampler, rows, logits, 7, hook=False)
     assert _run(sampler, rows, logits, 7, hook=True) == ref
     assert _run(sampler, rows, logits, 7, hook=True, stale=True) == ref
+
+
+def test_deterministic_rows_sampled_as_alone(sampler):
+    """Deterministic rows (the verifier's, or marked in a decode batch) of every kind, min-p
+    included (seeded), get in a mixed batch exactly what they get alone, and truncated ones
+    draw by vocabulary id: not SGLang's draw by rank."""
+    torch.manual_seed(2)
+    by_rank_differs = 0
+    for position in range(12):
+        logits = torch.randn(len(ROWS), VOCAB) * 2
+        mixed = _run(sampler, ROWS, logits, position, hook=True, det=True)
+        for i, row in enumerate(ROWS):
+            alone = _run(sampler, [row], logits[i : i + 1], position, hook=True, det=True)[0]
+            assert mixed[i] == alone, f"row {i} position {position}"
+        normal = _run(sampler, ROWS, logits, position, hook=True, det=False)
+        by_rank_differs += sum(mixed[i][0] != normal[i][0] for i in (2, 3))
+        for m, n in zip(mixed[:MIN_P_ROW], normal[:MIN_P_ROW]):  # logprobs: SGLang's
+            assert m[0] != n[0] or m[1:] == n[1:]
+    assert by_rank_differs > 0
+
+
+def test_deterministic_flags_follow_filter_merge_and_copy():
+    """SGLang filters, merges and copies a batch's SamplingBatchInfo; the per-row flags follow."""
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+    def info(flags):
+        reqs = [SimpleNamespace(sampling_params=SimpleNamespace(
+            temperature=1.0, top_p=0.9, top_k=TOP_K_ALL, min_p=0.0, sampling_seed=i))
+            for i in range(len(flags))]
+        made = verifier._sampling_info(reqs, "cpu", VOCAB)
+        det_rows.mark(made, flags)
+        return made
+
+    a = info([True, False, True])
+    det_rows.filter_hook(None, a, [0, 2])
+    assert det_rows.of(a) == [True, True]
+    b = info([False])
+    a.temperatures = torch.cat([a.temperatures[:2], b.temperatures])  # as merge_batch leaves it
+    det_rows.merge_hook(None, a, b)
+    assert det_rows.of(a) == [True, True, False]
+    unmarked = SamplingBatchInfo.__new__(SamplingBatchInfo)
+    unmarked.temperatures = torch.ones(2, 1)
+    det_rows.merge_hook(None, a, unmarked)  # built without llm42: no deterministic rows
+    assert det_rows.of(a) == [True, True, False, False, False]
+    copied = SimpleNamespace()
+    det_rows.copy_hook(copied, a)
+    assert det_rows.of(copied) == det_rows.of(a)

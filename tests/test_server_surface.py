@@ -172,7 +172,6 @@ def test_deterministic_without_enable_flag_is_400(plain_server, endpoint):
     "extra, needle",
     [
         ({"frequency_penalty": 0.5}, "frequency_penalty"),
-        ({"min_p": 0.1}, "min_p"),
         ({"json_schema": '{"type": "object"}'}, "json_schema"),
         ({"n": 2}, "n > 1"),
     ],

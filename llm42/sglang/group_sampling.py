@@ -7,6 +7,9 @@ draw other tokens depending on its batch mates, disagree with the verifier and r
 almost every window. With llm42 on, `sampler_forward_hook` splits a batch that mixes kinds into
 one call of SGLang's own forward per kind, so every row is sampled as in a batch of its own kind.
 The verifier samples through the same hooked Sampler, so the two cannot drift apart.
+
+Deterministic top-k / top-p / min-p rows form kinds of their own: they draw by vocabulary id
+(`vocab_noise`), normal rows of the same kind keep SGLang's sorted draw.
 """
 
 from __future__ import annotations
@@ -16,11 +19,12 @@ from collections import defaultdict
 
 import torch
 
-from llm42.sglang import runtime
+from llm42.sglang import det_rows, runtime, vocab_noise
 
-# A row's kind: (greedy, top_p, top_k, min_p), the flags SGLang's Sampler branches on.
-GREEDY = (True, False, False, False)
-PLAIN = (False, False, False, False)
+# A row's kind: (greedy, top_p, top_k, min_p), the flags SGLang's Sampler branches on, and
+# whether it draws by vocabulary id (a deterministic truncated row, `vocab_noise`).
+GREEDY = (True, False, False, False, False)
+PLAIN = (False, False, False, False, False)
 _LIST_FIELDS = (  # per-row lists the Sampler writes into LogitsProcessorOutput
     "next_token_top_logprobs_val", "next_token_top_logprobs_idx",
     "next_token_token_ids_logprobs_val", "next_token_token_ids_logprobs_idx",
@@ -60,21 +64,23 @@ def row_kinds(info) -> list[tuple]:
     greedy = info.top_ks <= 1
     flags = torch.stack([greedy, ~greedy & (info.top_ps != 1.0),
                          ~greedy & (info.top_ks != TOP_K_ALL), ~greedy & (info.min_ps > 0)], dim=1)
-    return [tuple(row) for row in flags.tolist()]
+    by_id = vocab_noise.needs_vocab_noise(info)
+    return [(*row, by_id[i]) for i, row in enumerate(flags.tolist())]
 
 
 def _for_kind(info, kind):
     """A copy of `info` whose batch-wide flags are those of `kind`.
 
     SGLang has no seeded min-p sampler (it asserts there is no seed); llm42 seeds every row, so
-    min-p rows (normal requests only: deterministic ones reject min_p) are sampled unseeded, as
-    SGLang samples them without llm42."""
-    greedy, top_p, top_k, min_p = kind
+    normal min-p rows are sampled unseeded, as SGLang samples them without llm42. Deterministic
+    min-p rows draw by vocabulary id, seeded."""
+    greedy, top_p, top_k, min_p, by_id = kind
     info = copy.copy(info)
     info.is_all_greedy = info.is_any_greedy = greedy
     info.need_top_p_sampling, info.need_top_k_sampling = top_p, top_k
     info.need_min_p_sampling = min_p
-    if min_p:
+    setattr(info, vocab_noise.GROUP_ATTR, by_id)
+    if min_p and not by_id:
         info.sampling_seed = None
     return info
 
@@ -125,6 +131,7 @@ def _subset(info, kind, rows, index):
     sub.custom_logit_processor = sub.custom_params = None
     sub.logit_bias = None  # applied before the sampler (ModelRunner._preprocess_logits)
     sub.return_sampling_masks = _pick(info.return_sampling_masks, rows)
+    det_rows.mark(sub, _pick(det_rows.of(info), rows))
     return sub
 
 

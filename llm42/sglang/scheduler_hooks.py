@@ -38,7 +38,7 @@ from llm42.core.planner import (
     select_jobs,
 )
 from llm42.core.window import DetRequestState
-from llm42.sglang import kv_rollback, prefill_faults, prefix_cache, runtime, verifier
+from llm42.sglang import det_rows, kv_rollback, prefill_faults, prefix_cache, runtime, verifier
 from llm42.sglang.request_fields import is_deterministic_params
 
 logger = logging.getLogger(__name__)
@@ -306,7 +306,10 @@ def sampling_info_hook(result, cls, batch, vocab_size, *args, **kwargs):
     Deterministic rows use their seed, so decode and verifier draw the same noise at the same
     position; other rows get a random per-request seed (their output stays random). Always
     setting the tensor keeps SGLang's merge/filter of batches aligned."""
-    if runtime.RUNTIME is None or result.sampling_seed is not None:
+    if runtime.RUNTIME is None:
+        return result
+    det_rows.mark(result, [det_state(req) is not None for req in batch.reqs])
+    if result.sampling_seed is not None:
         return result
     seeds = []
     for req in batch.reqs:

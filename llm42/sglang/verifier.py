@@ -21,6 +21,7 @@ import torch
 
 from llm42.core.decision import PAD_TOKEN_ID
 from llm42.core.planner import VerifyPass
+from llm42.sglang import det_rows
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
@@ -208,7 +209,7 @@ def _sampling_info(reqs, device, vocab_size):
     from sglang.srt.sampling.sampling_params import TOP_K_ALL
 
     sps = [r.sampling_params for r in reqs]
-    return SamplingBatchInfo(
+    info = SamplingBatchInfo(
         temperatures=to_device([sp.temperature for sp in sps], torch.float, device).view(-1, 1),
         top_ps=to_device([sp.top_p for sp in sps], torch.float, device),
         top_ks=to_device([sp.top_k for sp in sps], torch.int32, device),
@@ -222,6 +223,8 @@ def _sampling_info(reqs, device, vocab_size):
         sampling_seed=to_device([seed_of(sp) for sp in sps], torch.int64, device),
         device=device,
     )
+    det_rows.mark(info, [True] * len(reqs))  # every verified row is a deterministic request's
+    return info
 
 
 def seed_of(sampling_params) -> int:
