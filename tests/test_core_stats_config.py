@@ -33,6 +33,7 @@ SNAPSHOT_KEYS = {
     "batch_build_time_s",
     "steps_decode", "steps_prefill", "steps_det_prefill",
     "step_time_decode_s", "step_time_prefill_s", "step_time_det_prefill_s",
+    "by_sampling_kind",
 }
 
 ACCEPT = VerifyDecision(
@@ -60,6 +61,7 @@ ROLLBACK = VerifyDecision(
 def test_snapshot_keys_and_zero_state() -> None:
     snapshot = Llm42Stats().snapshot()
     assert set(snapshot) == SNAPSHOT_KEYS, f"unexpected keys {set(snapshot) ^ SNAPSHOT_KEYS}"
+    assert snapshot.pop("by_sampling_kind") == {}
     assert all(value == 0 for value in snapshot.values()), snapshot
 
 
@@ -68,8 +70,9 @@ def test_stats_arithmetic() -> None:
     stats.observe_pass(num_real_rows=3, num_pad_rows=5, seconds=0.25)
     stats.observe_pass(num_real_rows=8, num_pad_rows=0, seconds=0.5, num_prompt_rows=6,
                        graphed=True)
-    stats.observe_decision(ACCEPT)  # commits 4
-    stats.observe_decision(ROLLBACK)  # commits 1 accepted + 1 corrected, drops 5
+    stats.observe_decision(ACCEPT, "greedy")  # commits 4
+    stats.observe_decision(ROLLBACK, "top_p")  # commits 1 accepted + 1 corrected, drops 5
+    stats.observe_decision(ACCEPT, "top_p")  # commits 4
     stats.observe_finished()
     stats.observe_cached_prompt(128)
     stats.observe_restart()
@@ -82,6 +85,12 @@ def test_stats_arithmetic() -> None:
     stats.observe_step("decode", 0.25)
     stats.observe_step("det_prefill", 0.5)
     snapshot = stats.snapshot()
+    assert snapshot.pop("by_sampling_kind") == {
+        "greedy": {"decisions": 1, "rollbacks": 0, "verified_tokens": 4, "tokens_rolled_back": 0,
+                   "recompute_pct": 0.0},
+        "top_p": {"decisions": 2, "rollbacks": 1, "verified_tokens": 6, "tokens_rolled_back": 5,
+                  "recompute_pct": 100 * 5 / 11},
+    }
     expected = {
         "verify_passes": 2,
         "graphed_passes": 1,
@@ -89,12 +98,12 @@ def test_stats_arithmetic() -> None:
         "prompt_rows": 6,
         "cached_prompt_tokens": 128,
         "padded_rows": 5,
-        "verified_tokens": 6,
+        "verified_tokens": 10,
         "rollbacks": 1,
         "tokens_rolled_back": 5,
         "injected_mismatches": 1,
-        "inconsistent_tokens": 1,
-        "recompute_pct": 100 * 5 / 11,
+        "inconsistent_tokens": 2,
+        "recompute_pct": 100 * 5 / 15,
         "verify_time_s": 0.75,
         "det_requests_finished": 1,
         "retraction_restarts": 1,
@@ -108,7 +117,24 @@ def test_stats_arithmetic() -> None:
     }
     assert snapshot == pytest.approx(expected), f"expected {expected}, found {snapshot}"
     stats.reset()
-    assert all(value == 0 for value in stats.snapshot().values()), "reset must zero everything"
+    zeroed = stats.snapshot()
+    assert zeroed.pop("by_sampling_kind") == {}, "reset must zero everything"
+    assert all(value == 0 for value in zeroed.values()), "reset must zero everything"
+
+
+@pytest.mark.parametrize("params, kind", [
+    ((1.0, 1.0, 1, 0.0), "greedy"),  # temperature 0 as SGLang normalizes it: top_k 1
+    ((0.0, 1.0, 1 << 30, 0.0), "greedy"),  # a raw temperature 0
+    ((0.8, 1.0, 1 << 30, 0.0), "temperature"),  # no truncation
+    ((0.7, 0.9, 1 << 30, 0.0), "top_p"),
+    ((1.0, 1.0, 50, 0.0), "top_k"),
+    ((1.0, 1.0, 1 << 30, 0.05), "min_p"),
+    ((0.7, 0.95, 40, 0.02), "top_k+top_p+min_p"),  # combinations keep one order
+])
+def test_sampling_kind(params, kind) -> None:
+    from llm42.core.stats import sampling_kind
+
+    assert sampling_kind(*params) == kind
 
 
 def test_pad_rows_never_count_as_verified() -> None:

@@ -37,7 +37,7 @@ SETTINGS = _settings()
 def _rank(decision, steps: int, restarts: int) -> dict:
     stats = Llm42Stats()
     stats.observe_pass(2, 2, 0.5)
-    stats.observe_decision(decision)
+    stats.observe_decision(decision, "top_p")
     for _ in range(steps):
         stats.observe_step("decode", 0.25)
     for _ in range(restarts):
@@ -58,6 +58,9 @@ def test_counters_summed_settings_kept_recompute_recomputed():
     assert merged["step_time_decode_s"] == pytest.approx(1.0)
     # 3 rolled back of (2 + 4 committed + 3 rolled back), not the mean of the ranks' percentages
     assert merged["recompute_pct"] == pytest.approx(100 * 3 / 9)
+    assert merged["by_sampling_kind"] == {"top_p": {
+        "decisions": 2, "rollbacks": 1, "verified_tokens": 6, "tokens_rolled_back": 3,
+        "recompute_pct": pytest.approx(100 * 3 / 9)}}
 
 
 def test_no_rank_with_llm42_reports_disabled():

@@ -14,6 +14,47 @@ from llm42.core.decision import VerifyDecision
 
 # Scheduler iterations by the batch they ran, for the step profile in /llm42_stats.
 STEP_KINDS = ("decode", "prefill", "det_prefill")
+TOP_K_ALL = 1 << 30  # SGLang's top_k for "no top-k" (its SamplingParams normalizes -1 to it)
+
+
+def sampling_kind(temperature: float, top_p: float, top_k: int, min_p: float) -> str:
+    """A request's sampling kind as the stats name it: "greedy", "temperature" (no truncation)
+    or the truncations it uses joined by "+" ("top_k", "top_p", "min_p", "top_k+top_p", ...).
+
+    Values as SGLang normalizes them: greedy is top_k <= 1 (temperature 0 becomes top_k 1)."""
+    if top_k <= 1 or temperature <= 0:
+        return "greedy"
+    parts = [name for name, on in (("top_k", top_k < TOP_K_ALL), ("top_p", top_p < 1.0),
+                                   ("min_p", min_p > 0)) if on]
+    return "+".join(parts) or "temperature"
+
+
+@dataclass(eq=False)
+class KindStats:
+    """Verification outcomes of one sampling kind's windows (prompt decisions included)."""
+
+    decisions: int = 0
+    rollbacks: int = 0
+    verified_tokens: int = 0
+    tokens_rolled_back: int = 0
+
+    def observe(self, decision: VerifyDecision) -> None:
+        self.decisions += 1
+        self.verified_tokens += decision.num_committed
+        if decision.is_rollback:
+            self.rollbacks += 1
+            self.tokens_rolled_back += decision.num_rejected
+
+    def snapshot(self) -> dict[str, int | float]:
+        return {"decisions": self.decisions, "rollbacks": self.rollbacks,
+                "verified_tokens": self.verified_tokens,
+                "tokens_rolled_back": self.tokens_rolled_back,
+                "recompute_pct": recompute_pct(self.verified_tokens, self.tokens_rolled_back)}
+
+
+def recompute_pct(verified_tokens: int, tokens_rolled_back: int) -> float:
+    """Share of decoded candidates thrown away: rolled back / (verified + rolled back)."""
+    return 100.0 * tokens_rolled_back / max(1, verified_tokens + tokens_rolled_back)
 
 
 @dataclass(eq=False)
@@ -45,6 +86,8 @@ class Llm42Stats:
     # the normal loop; with the overlap loop an iteration also waits for the previous batch).
     steps: dict = field(default_factory=lambda: dict.fromkeys(STEP_KINDS, 0))
     step_time_s: dict = field(default_factory=lambda: dict.fromkeys(STEP_KINDS, 0.0))
+    # Decisions by the sampling kind of their request (`sampling_kind`): where rollbacks come from.
+    by_kind: dict[str, KindStats] = field(default_factory=dict)
 
     def observe_pass(self, num_real_rows: int, num_pad_rows: int, seconds: float,
                      num_prompt_rows: int = 0, graphed: bool = False) -> None:
@@ -57,7 +100,10 @@ class Llm42Stats:
         self.padded_rows += num_pad_rows
         self.verify_time_s += seconds
 
-    def observe_decision(self, decision: VerifyDecision) -> None:
+    def observe_decision(self, decision: VerifyDecision, kind: str | None = None) -> None:
+        """`kind`: the request's `sampling_kind`, for the per-kind split."""
+        if kind is not None:
+            self.by_kind.setdefault(kind, KindStats()).observe(decision)
         self.verified_tokens += decision.num_committed
         self.inconsistent_tokens += decision.num_inconsistent
         if decision.is_rollback:
@@ -92,9 +138,7 @@ class Llm42Stats:
 
     @property
     def recompute_pct(self) -> float:
-        """Share of decoded candidates thrown away: rolled back / (verified + rolled back)."""
-        total = max(1, self.verified_tokens + self.tokens_rolled_back)
-        return 100.0 * self.tokens_rolled_back / total
+        return recompute_pct(self.verified_tokens, self.tokens_rolled_back)
 
     def snapshot(self) -> dict[str, int | float]:
         return {
@@ -120,6 +164,7 @@ class Llm42Stats:
             "batch_build_time_s": self.batch_build_time_s,
             **{f"steps_{k}": v for k, v in self.steps.items()},
             **{f"step_time_{k}_s": v for k, v in self.step_time_s.items()},
+            "by_sampling_kind": {k: v.snapshot() for k, v in sorted(self.by_kind.items())},
         }
 
     def reset(self) -> None:

@@ -14,13 +14,27 @@ from llm42.core.config import (
     parse_benchmark_mode,
     with_benchmark_mode,
 )
-from llm42.core.stats import Llm42Stats
+from llm42.core.stats import Llm42Stats, recompute_pct
 from llm42.sglang.scheduler_hooks import META_KEYS, MODE_KEY, RESET_KEY
 from llm42.sglang.server_args import config_from_server_args
 
 # Counters (Llm42Stats' keys, and per-rank KV) are summed over ranks; every other key is a
 # setting, identical on every rank, and kept as it is.
-_COUNTERS = set(Llm42Stats().snapshot()) | {"reserved_kv_tokens"}
+_COUNTERS = {k for k, v in Llm42Stats().snapshot().items() if not isinstance(v, dict)} | {
+    "reserved_kv_tokens"}
+
+
+def _merge_kinds(per_rank: list[dict]) -> dict:
+    merged: dict[str, dict] = {}
+    for kinds in per_rank:
+        for kind, counts in kinds.items():
+            into = merged.setdefault(kind, dict.fromkeys(counts, 0))
+            for key, value in counts.items():
+                into[key] += value
+    for counts in merged.values():
+        counts["recompute_pct"] = recompute_pct(counts["verified_tokens"],
+                                                counts["tokens_rolled_back"])
+    return dict(sorted(merged.items()))
 
 
 def merge_snapshots(snapshots: list[dict]) -> dict:
@@ -32,8 +46,8 @@ def merge_snapshots(snapshots: list[dict]) -> dict:
     merged = dict(live[0])
     for key in _COUNTERS & merged.keys():
         merged[key] = sum(s.get(key, 0) for s in live)
-    done = merged["verified_tokens"] + merged["tokens_rolled_back"]
-    merged["recompute_pct"] = 100.0 * merged["tokens_rolled_back"] / max(1, done)
+    merged["recompute_pct"] = recompute_pct(merged["verified_tokens"], merged["tokens_rolled_back"])
+    merged["by_sampling_kind"] = _merge_kinds([s.get("by_sampling_kind", {}) for s in live])
     merged["dp_ranks"] = len(live)
     return merged
 

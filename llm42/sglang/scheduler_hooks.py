@@ -37,6 +37,7 @@ from llm42.core.planner import (
     plan_passes,
     select_jobs,
 )
+from llm42.core.stats import sampling_kind
 from llm42.core.window import DetRequestState
 from llm42.sglang import det_rows, kv_rollback, prefill_faults, prefix_cache, runtime, verifier
 from llm42.sglang.request_fields import is_deterministic_params
@@ -583,7 +584,7 @@ def _apply(rt, sched, batch, req, res: verifier.RowResult) -> None:
     state.apply(decision)
     if was_prompt and prefix_cache.uses_cache(req):
         prefix_cache.publish_prompt(sched, req)
-    rt.stats.observe_decision(decision)
+    rt.stats.observe_decision(decision, _kind(req.sampling_params))
     if rt.metrics is not None:
         rt.metrics.observe_decision(decision)
 
@@ -599,6 +600,10 @@ def _apply(rt, sched, batch, req, res: verifier.RowResult) -> None:
         i = next(i for i, r in enumerate(batch.reqs) if r is req)
         sched.batch_result_processor._handle_finish_state_updated_req(req, batch, None, i, None)
         rt.stats.observe_finished()
+
+
+def _kind(sp) -> str:
+    return sampling_kind(sp.temperature, sp.top_p, sp.top_k, sp.min_p)
 
 
 def _write_verified_logprobs(req, res, u: int, new_verified: int, window_start: int) -> None:
