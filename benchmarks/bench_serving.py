@@ -93,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sampling-seed", type=int, default=None,
                    help="request i is sent sampling_seed (native) / seed (OpenAI) = this + i")
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=None, help="sent to every request when set")
+    p.add_argument("--top-k", type=int, default=None, help="sent to every request when set")
+    p.add_argument("--min-p", type=float, default=None, help="sent to every request when set")
     p.add_argument("--config-label", choices=CONFIGS, default="nondet")
     p.add_argument("--window-size", type=int, default=None)
     p.add_argument("--verify-batch-size", type=int, default=None)
@@ -259,6 +262,9 @@ def run(args) -> dict:
             "the nondet and sglang-det configurations.")
     is_det = choose_deterministic(len(rows), args.deterministic_ratio, args.seed)
 
+    truncation = tuple((k, v) for k, v in (("top_p", args.top_p), ("top_k", args.top_k),
+                                           ("min_p", args.min_p)) if v is not None)
+
     def request(row: DatasetRow, i: int, det: bool) -> RequestInput:
         prompt = row.prompt
         if args.backend == "sglang-oai-chat" and not isinstance(prompt, str):
@@ -266,7 +272,7 @@ def run(args) -> dict:
         seed = None if args.sampling_seed is None else args.sampling_seed + i
         return RequestInput(prompt, row.prompt_len, row.output_len, model, args.temperature,
                             is_deterministic=det, send_flag=has_llm42, sampling_seed=seed,
-                            ignore_eos=not args.disable_ignore_eos)
+                            ignore_eos=not args.disable_ignore_eos, truncation=truncation)
 
     inputs = [request(r, i, d) for i, (r, d) in enumerate(zip(rows, is_det))]
     if args.warmup_requests > 0:
@@ -295,6 +301,7 @@ def run(args) -> dict:
            "num_prompts": len(rows), "num_prompts_requested": args.num_prompts,
            "request_rate": "inf" if args.request_rate == float("inf") else args.request_rate,
            "max_concurrency": args.max_concurrency, "temperature": args.temperature,
+           "top_p": args.top_p, "top_k": args.top_k, "min_p": args.min_p,
            "sampling_seed": args.sampling_seed, "seed": args.seed, "tag": args.tag}
     if args.dataset_name == "random":
         rec.update(random_input_len=args.random_input_len,

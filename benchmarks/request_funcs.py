@@ -39,6 +39,7 @@ class RequestInput:
     send_flag: bool  # send `is_deterministic` (only an --enable-llm42 server accepts true)
     sampling_seed: int | None = None
     ignore_eos: bool = True
+    truncation: tuple[tuple[str, float], ...] = ()  # (("top_p", 0.9), ...), sent as given
 
 
 @dataclass
@@ -67,6 +68,7 @@ def build_payload(backend: str, req: RequestInput) -> dict:
     if backend == "sglang":
         sampling = {"temperature": req.temperature, "max_new_tokens": req.output_len,
                     "ignore_eos": req.ignore_eos}
+        sampling.update(req.truncation)
         if req.sampling_seed is not None:
             sampling["sampling_seed"] = req.sampling_seed
         if req.send_flag:
@@ -85,6 +87,7 @@ def build_payload(backend: str, req: RequestInput) -> dict:
                        max_completion_tokens=req.output_len)
     else:
         raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}.")
+    payload.update(req.truncation)
     if req.sampling_seed is not None:
         payload["seed"] = req.sampling_seed
     if req.send_flag:
