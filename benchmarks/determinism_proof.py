@@ -4,7 +4,8 @@
     python -m benchmarks.determinism_proof --launch --model-path M --server-args "..." \
         --mode both --background 0,16,64,256 --out-dir p/
 
-A set of requests (each prompt greedy, and at temperature 0.8 with a per-request seed) is sent
+A set of requests (each prompt greedy, at temperature 0.8 with a per-request seed, and seeded
+with top-p 0.9, top-k 20 or min-p 0.05 in turn) is sent
 in every trial: alone (background 0: one request at a time) and among N concurrent normal
 requests of mixed prompt and output lengths, `--repeats` times per background level, all with
 `return_logprob`. Every repetition of a request is compared with its first one: token ids, and
@@ -53,28 +54,35 @@ PROMPTS = [
 WORDS = ["the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with", "be", "by", "on", "not", "this", "are", "or", "from", "at", "which", "but", "have", "an", "they", "you", "were", "one", "all", "we", "can", "has", "been", "if", "more", "when", "will", "would", "who", "so", "no", "time", "system", "model", "token", "server", "batch", "kernel", "memory", "value", "result", "engine", "request", "output", "input", "layer", "cache", "graph", "python", "compute", "matrix", "vector"]
 
 
+# Seeded truncated kinds (they draw their noise by vocabulary id): one per prompt, in turn.
+TRUNCATED = ((("top_p", 0.9),), (("top_k", 20),), (("min_p", 0.05),))
+
+
 @dataclass(frozen=True)
 class DetRequest:
-    index: int
+    prompt_index: int
     prompt: str
     temperature: float
     sampling_seed: int | None
+    truncation: tuple = ()  # (("top_p", 0.9),): more sampling_params
 
     @property
     def label(self) -> str:
         if self.temperature == 0:
-            return f"p{self.index // 2}-greedy"
-        kind = f"t{self.temperature:g}-seed{self.sampling_seed}"
-        return f"p{self.index // 2}-{kind}"
+            return f"p{self.prompt_index}-greedy"
+        kind = "".join(f"-{k}{v:g}" for k, v in self.truncation)
+        return f"p{self.prompt_index}-t{self.temperature:g}{kind}-seed{self.sampling_seed}"
 
 
 def det_requests(num_prompts: int, seed: int) -> list[DetRequest]:
+    """Per prompt: greedy, t = 0.8 seeded, and a seeded top-p / top-k / min-p request in turn."""
     out = []
     for i in range(num_prompts):
         prompt = PROMPTS[i % len(PROMPTS)] + (f" (variant {i // len(PROMPTS)})" if (
             i >= len(PROMPTS)) else "")
-        out.append(DetRequest(2 * i, prompt, 0.0, None))
-        out.append(DetRequest(2 * i + 1, prompt, 0.8, seed + i))
+        out.append(DetRequest(i, prompt, 0.0, None))
+        out.append(DetRequest(i, prompt, 0.8, seed + i))
+        out.append(DetRequest(i, prompt, 1.0, seed + 1000 + i, TRUNCATED[i % len(TRUNCATED)]))
     return out
 
 
@@ -92,7 +100,7 @@ def background_bodies(n: int, rng: random.Random, max_new_tokens: int,
 
 def det_body(req: DetRequest, max_new_tokens: int, send_flag: bool) -> dict:
     sampling = {"temperature": req.temperature, "max_new_tokens": max_new_tokens,
-                "ignore_eos": True}
+                "ignore_eos": True, **dict(req.truncation)}
     if req.sampling_seed is not None:
         sampling["sampling_seed"] = req.sampling_seed
     if send_flag:
@@ -162,7 +170,7 @@ def run_mode(url: str, mode: str, args) -> dict:
 
 def _request_json(req: DetRequest, rep: RequestReport, names: list[str], sums: dict,
                   first: tuple[list[int], list[float]]) -> dict:
-    return {"label": req.label, "temperature": req.temperature,
+    return {"label": req.label, "temperature": req.temperature, **dict(req.truncation),
             "sampling_seed": req.sampling_seed, "prompt": req.prompt,
             "output_len": len(first[0]), "num_repetitions": rep.num_repetitions,
             "identical": rep.identical, "num_divergent_repetitions": rep.num_divergent,
@@ -210,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", default="http://127.0.0.1:30000")
     p.add_argument("--mode", choices=("llm42", "control", "both"), default="llm42")
-    p.add_argument("--num-prompts", type=int, default=4, help="each greedy and t=0.8 seeded")
+    p.add_argument("--num-prompts", type=int, default=4, help="each greedy, t=0.8 seeded and one seeded top-p/top-k/min-p")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--background", default="0,16,64,256",
                    help="comma list of concurrent normal requests per trial (0 = alone)")
