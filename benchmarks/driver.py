@@ -10,8 +10,9 @@ single `--enable-llm42` server serves every ratio; with `--switch-variants` the 
 injected and other-window llm42 configs run on it too, switched at runtime); every workload and
 ratio is benchmarked on it by `benchmarks.bench_serving` in a subprocess. `--server-args` go
 identically to every configuration, except that `nondet-defaults` (plain SGLang as a user starts
-it) drops the flags that only make the baselines like-for-like with llm42 (`LIKE_FOR_LIKE_FLAGS`). A configuration whose server does not start (SGLang refuses
-`--enable-deterministic-inference` on CPU / torch_native) becomes a skipped row with the reason.
+it) drops the flags that only make the baselines like-for-like with llm42 (`LIKE_FOR_LIKE_FLAGS`).
+A configuration whose server does not start (SGLang refuses `--enable-deterministic-inference` on
+CPU / torch_native) becomes a skipped row with the reason.
 Writes `results.jsonl`, `table.md`, the plots, `commands.txt` and the logs into `--out-dir`.
 """
 

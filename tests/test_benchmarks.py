@@ -535,8 +535,9 @@ def test_gpu_suite_nondet_defaults_runs_plain_sglang_as_a_user_starts_it(tmp_pat
            "BENCH_CONFIGS": "nondet,nondet-defaults,llm42", "DET_RATIOS": "0.1"}
     subprocess.run(["bash", str(suite), "bench-sharegpt", "bench-random1k-all"], env=env,
                    check=True, capture_output=True, timeout=120)
-    [argv, every] = [json.loads(ln)[2:] for ln in (tmp_path / "out" / "dry_run.jsonl")
-                     .read_text().splitlines() if json.loads(ln)[:2] == ["-m", "benchmarks.driver"]]
+    plan = (tmp_path / "out" / "dry_run.jsonl").read_text().splitlines()
+    [argv, every] = [json.loads(ln)[2:] for ln in plan
+                     if json.loads(ln)[:2] == ["-m", "benchmarks.driver"]]
     assert "nondet-defaults" in every[every.index("--configs") + 1].split(",")
     events = []
 
