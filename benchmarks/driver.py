@@ -9,8 +9,10 @@ One server start per configuration (the deterministic ratio is a property of the
 single `--enable-llm42` server serves every ratio; with `--switch-variants` the comparison-skipped,
 injected and other-window llm42 configs run on it too, switched at runtime); every workload and
 ratio is benchmarked on it by `benchmarks.bench_serving` in a subprocess. `--server-args` go
-identically to every configuration. A configuration whose server does not start (SGLang refuses
-`--enable-deterministic-inference` on CPU / torch_native) becomes a skipped row with the reason.
+identically to every configuration, except that `nondet-defaults` (plain SGLang as a user starts
+it) drops the flags that only make the baselines like-for-like with llm42 (`LIKE_FOR_LIKE_FLAGS`).
+A configuration whose server does not start (SGLang refuses `--enable-deterministic-inference` on
+CPU / torch_native) becomes a skipped row with the reason.
 Writes `results.jsonl`, `table.md`, the plots, `commands.txt` and the logs into `--out-dir`.
 """
 
@@ -38,8 +40,16 @@ from benchmarks.metrics import empty_summary
 RESULTS = "results.jsonl"
 # nondet-no-overlap / llm42-no-overlap: SGLang's normal event loop instead of the overlap loop
 # (llm42 runs in both); they measure what the overlap scheduler is worth with and without llm42.
-CONFIGS = ("nondet", "nondet-no-overlap", "sglang-det", "llm42", "llm42-skip-compare",
-           "llm42-inject", "llm42-no-overlap", "llm42-batched-prefill", "llm42-solo-prefill")
+# nondet-defaults: plain SGLang with its own defaults for what the like-for-like flags pin.
+CONFIGS = ("nondet", "nondet-defaults", "nondet-no-overlap", "sglang-det", "llm42",
+           "llm42-skip-compare", "llm42-inject", "llm42-no-overlap", "llm42-batched-prefill",
+           "llm42-solo-prefill")
+# Server flags that make every baseline run like llm42 does (the pytorch sampler, the only one
+# with seeded sampling; no radix cache; no prefill CUDA graphs), flag -> whether it takes a
+# value. `nondet-defaults` drops them from --server-args: SGLang's default sampler, radix cache
+# and prefill graphs, as a user who never heard of llm42 runs it.
+LIKE_FOR_LIKE_FLAGS = {"--sampling-backend": True, "--disable-radix-cache": False,
+                       "--cuda-graph-backend-prefill": True}
 _ERROR_LINE = re.compile(r"(Error|error|Exception|refus|not supported)")
 
 
@@ -57,6 +67,22 @@ class ServerConfig:
     # meta["benchmark_mode"]
     switched: list[ServerConfig] = field(default_factory=list)
     kind: str = ""  # the name in CONFIGS it came from
+    like_for_like: bool = True  # False: --server-args without LIKE_FOR_LIKE_FLAGS
+
+
+def without_like_for_like(server_args: list[str]) -> list[str]:
+    """`server_args` less LIKE_FOR_LIKE_FLAGS, in both `--flag value` and `--flag=value` form."""
+    out, skip_value = [], False
+    for token in server_args:
+        if skip_value:
+            skip_value = False
+            continue
+        flag = token.split("=", 1)[0]
+        if flag in LIKE_FOR_LIKE_FLAGS:
+            skip_value = LIKE_FOR_LIKE_FLAGS[flag] and "=" not in token
+            continue
+        out.append(token)
+    return out
 
 
 def _floats(text: str) -> list[float]:
@@ -70,6 +96,8 @@ def server_configs(args) -> list[ServerConfig]:
             raise SystemExit(f"error: unknown config {name!r}; expected some of {CONFIGS}.")
         if name == "nondet":
             out.append(ServerConfig("nondet", "nondet", [], [0.0]))
+        elif name == "nondet-defaults":
+            out.append(ServerConfig(name, name, [], [0.0], like_for_like=False))
         elif name == "nondet-no-overlap":
             out.append(ServerConfig(name, name, ["--disable-overlap-schedule"], [0.0]))
         elif name == "sglang-det":
@@ -272,6 +300,9 @@ class Driver:
         self.bench_args = shlex.split(args.bench_args or "")
         self.workloads = [shlex.split(w) for w in (args.workload or ["--dataset-name sharegpt"])]
 
+    def server_args_of(self, cfg: ServerConfig) -> list[str]:
+        return self.server_args if cfg.like_for_like else without_like_for_like(self.server_args)
+
     def log_command(self, what: str, argv: list[str]) -> None:
         with open(self.out / "commands.txt", "a", encoding="utf-8") as f:
             f.write(f"# {what} ({datetime.datetime.now().isoformat(timespec='seconds')})\n"
@@ -299,7 +330,8 @@ class Driver:
                        **empty_summary(), "recompute_pct": None, "rollbacks": None,
                        "verify_passes": None, "reserved_kv_tokens": None,
                        "gpu": env_info.gpu_name(), "git_commit": env_info.git_commit(),
-                       "command": command, "server_args": shlex.join(self.server_args),
+                       "command": command,
+                       "server_args": shlex.join(self.server_args_of(cfg)),
                        "load_format": _opts(self.server_args).get("--load-format"),
                        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),
                        "server_label": cfg.label, "skipped": True, "skip_reason": reason}
@@ -323,7 +355,7 @@ class Driver:
         if cfg.meta.get("skip_compare"):
             argv.append("--skip-compare")
         meta = {"workload": workload_label(wl, self.bench_args), "server_label": cfg.label,
-                "server_args": shlex.join(self.server_args + cfg.flags),
+                "server_args": shlex.join(self.server_args_of(cfg) + cfg.flags),
                 "load_format": _opts(self.server_args).get("--load-format")}
         if "benchmark_mode" in cfg.meta:  # switched at runtime on that server
             meta["benchmark_mode"] = cfg.meta["benchmark_mode"]
@@ -357,7 +389,7 @@ class Driver:
     def run_config(self, cfg: ServerConfig) -> None:
         from llm42.server_process import SGLangServer, SGLangServerError, SGLangServerTimeout
 
-        flags = self.server_args + cfg.flags
+        flags = self.server_args_of(cfg) + cfg.flags
         timeline = self.out / f"timeline_{cfg.label}"
         if self.args.timeline:  # baselines too: their decode gaps are what llm42's compare to
             flags = flags + ["--llm42-timeline-dir", str(timeline)]

@@ -2,8 +2,9 @@
 
     python -m benchmarks.report results.jsonl --out-dir out/     # also: driver --report-only
 
-Throughput is normalised per workload to the `nondet` row (plain SGLang) and to `sglang-det`
-(SGLang's batch-invariant mode) of the same workload; skipped rows stay in the table with
+Throughput is normalised per workload to the `nondet` row (plain SGLang, like-for-like flags) and
+to `sglang-det` (SGLang's batch-invariant mode) of the same workload, and where a `nondet-defaults`
+row (plain SGLang with its own defaults) exists, to that too; skipped rows stay in the table with
 their reason. Runs at a finite request rate (online serving) also get a table of the *normal*
 requests' latency against nondet's at the same rate (what llm42 costs the traffic that did not
 ask for determinism), and, with several rates, `latency_vs_rate.png`.
@@ -70,11 +71,14 @@ def _scheduling_label(stats: dict, window: int | None) -> str:
     return label
 
 
+BASELINES = ("nondet", "nondet-defaults", "sglang-det")
+
+
 def _baselines(rows: list[dict]) -> dict[tuple[str, str], float]:
     """(workload, config) -> output throughput of the last completed nondet / sglang-det row."""
     base: dict[tuple[str, str], float] = {}
     for row in rows:
-        if row.get("config") in ("nondet", "sglang-det") and not row.get("skipped") and (
+        if row.get("config") in BASELINES and not row.get("skipped") and (
                 row.get("output_throughput")):
             base[(workload_of(row), row["config"])] = row["output_throughput"]
     return base
@@ -99,8 +103,9 @@ def _passes(row: dict) -> str:
 
 def markdown_table(rows: list[dict]) -> str:
     base = _baselines(rows)
-    header = (["workload", "config", "det ratio", "done", "out tok/s", "vs nondet",
-               "vs sglang-det"] + [c[0] for c in LAT_COLUMNS]
+    defaults = any(config == "nondet-defaults" for _, config in base)  # column only if measured
+    header = (["workload", "config", "det ratio", "done", "out tok/s", "vs nondet"]
+              + ["vs nondet-defaults"] * defaults + ["vs sglang-det"] + [c[0] for c in LAT_COLUMNS]
               + ["recompute %", "rollbacks", "verify passes", "note"])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
@@ -114,8 +119,9 @@ def markdown_table(rows: list[dict]) -> str:
             note = (note + " dummy weights").strip()
         cells = [wl, variant_of(row), _fmt(row.get("det_ratio"), 2),
                  f"{row.get('completed', 0)}/{row.get('num_prompts', '?')}",
-                 _fmt(out), _ratio(out, base.get((wl, "nondet"))),
-                 _ratio(out, base.get((wl, "sglang-det")))]
+                 _fmt(out), _ratio(out, base.get((wl, "nondet")))]
+        cells += [_ratio(out, base.get((wl, "nondet-defaults")))] * defaults
+        cells += [_ratio(out, base.get((wl, "sglang-det")))]
         cells += [f"{_fmt(row.get(p50))} / {_fmt(row.get(p99))}" for _, p50, p99 in LAT_COLUMNS]
         cells += [_fmt(row.get("recompute_pct"), 3), _fmt(row.get("rollbacks")),
                   _passes(row), note.replace("|", "/")[:200]]
@@ -261,6 +267,10 @@ def plot_throughput_vs_ratio(rows: list[dict], path: Path) -> None:
             ax.plot(xs, ys, marker="o", label=label)
         if nondet:
             ax.axhline(1.0, color="black", linestyle="--", label="nondet (SGLang)")
+        if (wl, "nondet-defaults") in base:
+            user = base[(wl, "nondet-defaults")]
+            ax.axhline(user / nondet if nondet else user, color="grey", linestyle="-.",
+                       label="nondet-defaults (SGLang's defaults)")
         if (wl, "sglang-det") in base:
             det = base[(wl, "sglang-det")]
             ax.axhline(det / nondet if nondet else det, color="red", linestyle=":",
@@ -329,7 +339,8 @@ def plot_window_sweep(rows: list[dict], path: Path) -> bool:
     return True
 
 
-_CONFIG_ORDER = {"nondet": 0, "nondet-no-overlap": 1, "sglang-det": 2, "llm42": 3}
+_CONFIG_ORDER = {"nondet": 0, "nondet-defaults": 1, "nondet-no-overlap": 1, "sglang-det": 2,
+                 "llm42": 3}
 
 
 def sort_rows(rows: list[dict]) -> list[dict]:

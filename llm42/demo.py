@@ -18,7 +18,7 @@ import time
 import requests
 
 from llm42.models import default_model_path
-from llm42.server_process import SGLangServer, SGLangServerError
+from llm42.server_process import SGLangServer, SGLangServerError, detect_device
 
 QUESTION = "In two sentences, why is the sky blue?"
 
@@ -60,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model: {model_path}\nstarting SGLang with --enable-llm42 ...", flush=True)
     started = time.monotonic()
     try:
-        server = SGLangServer(model_path, ["--enable-llm42"])
+        # On a GPU: the attention backend llm42's determinism proofs ran on (CPU: torch_native).
+        gpu = ["--attention-backend", "triton"] if detect_device() == "cuda" else []
+        server = SGLangServer(model_path, ["--enable-llm42", *gpu])
         server.start()
     except SGLangServerError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -522,6 +522,60 @@ def test_gpu_suite_smollm2_sweep_starts_one_server_for_its_windows(tmp_path, cap
     assert sum(" start llm42-w" in ln for ln in lines) == starts, lines
     assert sum(" run llm42-w" in ln and "n=512 ratio 1" in ln for ln in lines) == 4, lines
 
+def test_gpu_suite_nondet_defaults_runs_plain_sglang_as_a_user_starts_it(tmp_path,
+                                                                         monkeypatch):
+    """nondet-defaults next to the like-for-like nondet: the same suite flags less the pytorch
+    sampler, --disable-radix-cache and disabled prefill graphs (SGLang's defaults), triton
+    attention and capacity kept; its rows record those flags and the table gets its column."""
+    from benchmarks.env_info import append_jsonl
+
+    suite = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "run_gpu_suite.sh"
+    env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
+           "RUN_DIR": str(tmp_path / "run"), "JIT_CACHE": str(tmp_path / "none.tar.gz"),
+           "BENCH_CONFIGS": "nondet,nondet-defaults,llm42", "DET_RATIOS": "0.1"}
+    subprocess.run(["bash", str(suite), "bench-sharegpt", "bench-random1k-all"], env=env,
+                   check=True, capture_output=True, timeout=120)
+    plan = (tmp_path / "out" / "dry_run.jsonl").read_text().splitlines()
+    [argv, every] = [json.loads(ln)[2:] for ln in plan
+                     if json.loads(ln)[:2] == ["-m", "benchmarks.driver"]]
+    assert "nondet-defaults" in every[every.index("--configs") + 1].split(",")
+    events = []
+
+    class FakeServer(_FakeServer):
+        def start(self):
+            events.append(self.flags)
+
+        def stop(self):
+            pass
+
+    def fake_bench(self, cfg, url, wl, ratio):
+        tps = {"nondet": 100.0, "nondet-defaults": 125.0, "llm42": 90.0}[cfg.config]
+        append_jsonl(self.results, _row(cfg.config, ratio, tps, **cfg.meta))
+
+    driver = _switching_driver(monkeypatch, [], lambda mode: _Reply({}))
+    monkeypatch.setattr("llm42.server_process.SGLangServer", FakeServer)
+    monkeypatch.setattr(driver.Driver, "bench", fake_bench)
+    out = tmp_path / "drive"
+    assert driver.main([*argv, "--out-dir", str(out)]) == 0
+    nondet, defaults, llm42 = events
+    like_for_like = ["--sampling-backend", "pytorch", "--disable-radix-cache",
+                     "--cuda-graph-backend-prefill=disabled"]
+    for flags in (nondet, llm42):
+        assert all(flag in flags for flag in like_for_like), flags
+    assert not [f for f in defaults if f.split("=")[0] in (
+        "--sampling-backend", "--disable-radix-cache", "--cuda-graph-backend-prefill")], defaults
+    assert [f for f in nondet if f not in like_for_like] == defaults
+    assert {"--attention-backend", "triton", "--max-running-requests", "--load-format",
+            "dummy", "--random-seed"} <= set(defaults)
+    # driver-level: the `--flag value` form is dropped with its value
+    assert driver.without_like_for_like(
+        ["--sampling-backend", "pytorch", "--tp", "1", "--disable-radix-cache"]) == ["--tp", "1"]
+    table = (out / "table.md").read_text().splitlines()
+    assert "| vs nondet | vs nondet-defaults | vs sglang-det |" in table[2]
+    [row] = [ln for ln in table if "| llm42 W64" in ln]
+    assert "| 0.900x | 0.720x | - |" in row, row
+
+
 def test_install_llm42_writes_a_discoverable_dist_info(tmp_path):
     info = install(tmp_path / "site")
     dists = list(importlib.metadata.distributions(path=[str(tmp_path / "site")]))

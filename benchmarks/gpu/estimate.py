@@ -91,7 +91,9 @@ def price_run(rows: list[dict], model: str, workload: str, config: str, ratio: f
 
 # With no recorded run of a config: its nondet run of that workload times a rough factor, from
 # the H200 ratios (llm42 at 10 % 0.90-0.98x, 50 % 0.55x, 100 % ~0.5x; sglang-det 0.34-0.46x).
-_VS_NONDET = {"llm42": lambda ratio: 1.0 + ratio, "sglang-det": lambda ratio: 3.0}
+# nondet-defaults (radix cache and prefill graphs on) is priced like nondet until measured.
+_VS_NONDET = {"llm42": lambda ratio: 1.0 + ratio, "sglang-det": lambda ratio: 3.0,
+              "nondet-defaults": lambda ratio: 1.0}
 
 
 def _newest(rows: list[dict], ratio: float) -> dict | None:

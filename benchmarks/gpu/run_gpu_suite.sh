@@ -12,10 +12,15 @@
 #   proof-smollm2              the same proof on SmolLM2-135M-Instruct ($SMOLLM2_WEIGHTS)
 #   bench-WORKLOAD[-CONFIG]    driver run; WORKLOAD: sharegpt | arxiv | random1k (1024 in/256
 #                              out) | random4k (4096/1024) | mix (all of $WORKLOADS on each
-#                              server start); CONFIG: nondet | nondet-no-overlap | sglang-det | llm42 |
-#                              llm42-skip-compare | llm42-inject | llm42-no-overlap |
-#                              llm42-batched-prefill | all (default: nondet,
-#                              sglang-det, llm42); Llama-3.1-8B shape, dummy weights
+#                              server start); CONFIG: nondet | nondet-defaults |
+#                              nondet-no-overlap | sglang-det | llm42 | llm42-skip-compare |
+#                              llm42-inject | llm42-no-overlap | llm42-batched-prefill | all
+#                              (default: nondet, sglang-det, llm42); Llama-3.1-8B shape, dummy
+#                              weights. nondet is plain SGLang like-for-like with llm42 (the
+#                              COMMON_ARGS below); nondet-defaults is plain SGLang as a user runs
+#                              it: COMMON_ARGS without --sampling-backend, --disable-radix-cache
+#                              and --cuda-graph-backend-prefill (SGLang's default sampler, radix
+#                              cache on, prefill CUDA graphs on; still triton attention)
 #   smollm2-sweep              llm42 at ratio 1.0, windows $SWEEP_WINDOWS, + nondet, SmolLM2 shape;
 #                              with SWITCH_VARIANTS=1 every window runs on one llm42 server start
 #                              (started with the largest, the others switched in at runtime)
@@ -103,8 +108,10 @@ PROOF_TOKENS=${PROOF_TOKENS:-256}
 PROOF_LLM42_ARGS=${PROOF_LLM42_ARGS:-}
 LLM42_ARGS=${LLM42_ARGS:-}
 EXTRA_SERVER_ARGS=${EXTRA_SERVER_ARGS:-}
-# Identical for every configuration (README of the bundle: triton attention, no radix cache,
-# a cap on running requests so sglang-det does not run out of memory, no prefill graphs).
+# Identical for every configuration but nondet-defaults, which drops the like-for-like flags
+# (benchmarks/driver.py LIKE_FOR_LIKE_FLAGS: the pytorch sampler llm42 needs, no radix cache, no
+# prefill graphs) and keeps the rest (README of the bundle: triton attention, the one backend that
+# works on the host; a cap on running requests so sglang-det does not run out of memory).
 # PREFILL_GRAPHS=1 keeps SGLang's prefill CUDA graphs (~75 s more per server start): normal
 # prefills and the B x W verification pass (512 tokens, a captured size) then replay graphs.
 PREFILL_GRAPHS=${PREFILL_GRAPHS:-0}
@@ -282,7 +289,7 @@ bench_step() {  # bench-WORKLOAD[-CONFIG]; WORKLOAD "mix" = every workload of $W
   config=${rest#"$workload"}; config=${config#-}
   case $config in
     "") config=${BENCH_CONFIGS:-nondet,sglang-det,llm42} ;;
-    all) config=nondet,sglang-det,llm42,llm42-skip-compare,llm42-inject ;;
+    all) config=nondet,nondet-defaults,sglang-det,llm42,llm42-skip-compare,llm42-inject ;;
   esac
   names=$workload; [[ $workload == mix ]] && names=${WORKLOADS//,/ }
   local wl=()

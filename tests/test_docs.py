@@ -1,0 +1,121 @@
+"""The reference pages agree with the code: every llm42 flag of `sglang.launch_server` is in
+docs/flags.md once with the default its parser uses, and docs/api.md lists exactly the keys
+`GET /llm42_stats` answers.
+
+The flags come from SGLang's own parser with the plugins loaded, in a subprocess (as
+`launch_server` builds it; loading the plugins in this process would patch SGLang for every later
+test), so the check survives however llm42 declares them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+README = DOCS.parent / "README.md"
+
+_PARSER_DEFAULTS = """
+import argparse, json
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang.srt.server_args import ServerArgs
+parser = argparse.ArgumentParser()
+ServerArgs.add_cli_args(parser)
+print(json.dumps({flag: action.default for action in parser._actions
+                  for flag in action.option_strings if "llm42" in flag}))
+"""
+
+
+@pytest.fixture(scope="module")
+def parser_defaults() -> dict:
+    out = subprocess.run([sys.executable, "-c", _PARSER_DEFAULTS], capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _table_rows(markdown: str, heading: str | None = None) -> list[list[str]]:
+    """Cells of the body rows of the markdown tables (under `heading`, up to the next heading)."""
+    if heading is not None:
+        start = markdown.index(heading)
+        end = markdown.find("\n#", start + len(heading))
+        markdown = markdown[start:end if end != -1 else None]
+    rows = []
+    for line in markdown.splitlines():
+        if line.startswith("|") and not set(line) <= set("|-: "):
+            rows.append([cell.strip() for cell in line.strip().strip("|").split(" | ")])
+    return rows[1:] if rows else rows  # the header row of the (first) table
+
+
+def _documented_default(cell: str):
+    """'off' / 'on' -> bool, 'auto: ...' / 'none' -> None, else the leading number."""
+    word = cell.split()[0].strip("`:")
+    if word in ("off", "on"):
+        return word == "on"
+    if word in ("auto", "none"):
+        return None
+    return float(word)
+
+
+def _documented_flags() -> dict[str, object]:
+    flags: dict[str, object] = {}
+    for cells in _table_rows((DOCS / "flags.md").read_text(), "| flag |"):
+        for code in re.findall(r"`(--[a-z0-9-]+)[^`]*`", cells[0]):
+            assert code not in flags, f"{code} is documented twice in docs/flags.md"
+            flags[code] = _documented_default(cells[1])
+    return flags
+
+
+def test_every_flag_is_documented_once_with_its_default(parser_defaults):
+    documented = _documented_flags()
+    assert "--enable-llm42" in parser_defaults, "the llm42 plugin did not load its flags"
+    missing = sorted(set(parser_defaults) - set(documented))
+    stale = sorted(set(documented) - set(parser_defaults))
+    assert not missing, f"flags missing from docs/flags.md: {missing}"
+    assert not stale, f"docs/flags.md documents flags the server does not have: {stale}"
+    for flag, default in parser_defaults.items():
+        if flag.startswith("--no-"):  # the negative form of a boolean row: its default is the row's
+            default = parser_defaults["--" + flag[len("--no-"):]]
+        assert documented[flag] == default, (
+            f"docs/flags.md gives {flag} the default {documented[flag]!r}, the parser "
+            f"{default!r}")
+
+
+def test_documented_stats_keys_are_the_endpoints():
+    """The keys of GET /llm42_stats on an --enable-llm42 server: the scheduler's snapshot, merged
+    over data-parallel ranks by the endpoint."""
+    from llm42.core.config import Llm42Config
+    from llm42.sglang.endpoints import merge_snapshots
+    from llm42.sglang.runtime import Llm42Runtime
+
+    scheduler = SimpleNamespace(model_config=SimpleNamespace(vocab_size=32, context_len=256),
+                                enable_overlap=True, enable_metrics=False)
+    served = set(merge_snapshots([Llm42Runtime(scheduler, Llm42Config()).snapshot()]))
+    api = (DOCS / "api.md").read_text()
+    documented = [re.sub(r"`", "", cells[0]) for cells in
+                  _table_rows(api, "## `GET /llm42_stats`")]
+    assert len(documented) == len(set(documented)), "a key is documented twice in docs/api.md"
+    undocumented, stale = sorted(served - set(documented)), sorted(set(documented) - served)
+    assert not undocumented, f"/llm42_stats keys missing from docs/api.md: {undocumented}"
+    assert not stale, f"docs/api.md lists keys /llm42_stats does not answer: {stale}"
+
+
+def test_readme_is_a_front_door():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 250
+    assert not re.search(r"\b[0-9a-f]{7,40}\b", text), "a commit hash in README.md"
+
+
+@pytest.mark.parametrize("page", [README, *sorted(DOCS.glob("*.md"))], ids=lambda p: p.name)
+def test_links_resolve(page):
+    text = page.read_text()
+    links = re.findall(r"\]\(([^)#]+)", text) + re.findall(r"^\[[^\]]+\]: (\S+)", text, re.M)
+    missing = [link for link in links
+               if not link.startswith("http") and not (page.parent / link).exists()]
+    assert not missing, f"{page.name} links to missing files: {missing}"
