@@ -267,6 +267,11 @@ def workload_label(workload_args: list[str], bench_args: list[str]) -> str:
         label += f" rate={opts['--request-rate']}"
     if "--max-concurrency" in opts:
         label += f" conc={opts['--max-concurrency']}"
+    if float(opts.get("--temperature", 0) or 0) > 0:  # sampled runs are workloads of their own
+        label += f" t={opts['--temperature']}"
+        for flag in ("--top-p", "--top-k", "--min-p"):
+            if flag in opts:
+                label += f" {flag[2:].replace('-', '_')}={opts[flag]}"
     return label
 
 

@@ -47,7 +47,10 @@
 #   real weights rolled back 54 % of W = 64 windows on the H200: h200-2026-12-03-smollm2-batched-prefill/)
 #   SHAREGPT_PROMPTS=2048 ARXIV_PROMPTS=256 RANDOM1K_PROMPTS=1024 RANDOM4K_PROMPTS=256
 #   SWEEP_WINDOWS=16,32,64,128 SWEEP_PROMPTS=1024 SWEEP_CONFIGS=nondet,llm42 (llm42: recompute %
-#   per window needs no baseline; nondet adds the throughput reference) SMOLLM2_WEIGHTS=random|dummy|real (real: the GGUF
+#   per window needs no baseline; nondet adds the throughput reference) SWEEP_SAMPLING="" (';'
+#   separates sampling settings, each a workload of the sweep on every server start, e.g.
+#   ";--temperature 0.7 --top-p 0.9 --sampling-seed 1" = greedy, then seeded top-p)
+#   SMOLLM2_WEIGHTS=random|dummy|real (real: the GGUF
 #   parts in GGUF_DIR=/tmp/llm42-gguf, see prepare_assets --smollm2-gguf)
 #   ONLINE_RATE=24 ONLINE_PROMPTS=1024 ONLINE_RATIO=0.1 MAX_RUNNING=256
 #   PROOF_BACKGROUND=0,16,64,256 PROOF_REPEATS=2 PROOF_PROMPTS=4 PROOF_TOKENS=256
@@ -97,6 +100,7 @@ RANDOM4K_PROMPTS=${RANDOM4K_PROMPTS:-256}
 SWEEP_WINDOWS=${SWEEP_WINDOWS:-16,32,64,128}
 SWEEP_PROMPTS=${SWEEP_PROMPTS:-1024}
 SWEEP_CONFIGS=${SWEEP_CONFIGS:-nondet,llm42}
+SWEEP_SAMPLING=${SWEEP_SAMPLING:-}
 SMOLLM2_WEIGHTS=${SMOLLM2_WEIGHTS:-random}
 ONLINE_RATE=${ONLINE_RATE:-24}
 ONLINE_PROMPTS=${ONLINE_PROMPTS:-1024}
@@ -320,10 +324,15 @@ run_step() {
     proof) proof_step "$MODEL_1B" model_1b ;;
     proof-smollm2) proof_step "$MODEL_SMOL" model_smollm2 ;;
     bench-*) bench_step "$step" ;;
-    smollm2-sweep)
+    smollm2-sweep)  # one --workload per ';'-separated $SWEEP_SAMPLING entry, on each start
       model_smollm2 || return 1
+      local sampling samplings=() sweeps=()
+      IFS=';' read -ra samplings <<< "$SWEEP_SAMPLING"
+      for sampling in "${samplings[@]:-}"; do
+        sweeps+=(--workload "--dataset-name sharegpt --dataset-path $SHAREGPT $sampling")
+      done
       driver "$step" "$MODEL_SMOL" "$SWEEP_CONFIGS" 1.0 --window-sizes "$SWEEP_WINDOWS" \
-        --workload "--dataset-name sharegpt --dataset-path $SHAREGPT" \
+        "${sweeps[@]}" \
         --bench-args "--seed 1 --num-prompts $SWEEP_PROMPTS --context-len 8192$WARMUP_ARG" ;;
     online)  # one --workload per rate of $ONLINE_RATE: every rate on each server start
       local rate rates=()
