@@ -14,5 +14,5 @@ def make_state(window_size: int, u: int, n: int, *, finishing: bool = False) -> 
         num_prompt_tokens=P,
         num_verified_tokens=u,
         num_output_tokens=n,
-        is_finishing=finishing,
+        deferred_finish="finish" if finishing else None,
     )

@@ -28,7 +28,7 @@ def make_state(rid: str, window_size: int, u: int, n: int, finishing: bool = Fal
         num_prompt_tokens=P,
         num_verified_tokens=u,
         num_output_tokens=n,
-        is_finishing=finishing,
+        deferred_finish="finish" if finishing else None,
     )
     return state, [100 + i for i in range(n)]
 

@@ -31,3 +31,14 @@ def test_core_imports_without_engine_packages() -> None:
     )
     assert result.returncode == 0, f"llm42.core is not pure:\n{result.stderr}"
     assert result.stdout.startswith("ok"), result.stdout
+
+
+def test_the_tokenizer_process_side_imports_without_torch() -> None:
+    """`endpoints` runs in the tokenizer process: it shares names with the scheduler hooks
+    through torch-free modules (`keys`, `request_state`), never through the hooks."""
+    probe = ("import sys\nsys.modules['torch'] = None\nimport llm42.sglang.endpoints\n"
+             "assert not any(m.startswith('llm42.sglang.hooks_') for m in sys.modules)\n"
+             "print('ok')")
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.startswith("ok"), result.stderr[-2000:]

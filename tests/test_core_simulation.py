@@ -1,9 +1,11 @@
 """Randomized decode-verify-rollback simulation: verified output always equals the reference.
 
-A fake engine drives several requests through the core exactly as the adapter does: a "fast path"
-decodes candidates that are sometimes wrong, a deterministic fake verifier replays the planned
-(B, W) passes, and ``decide`` / ``apply`` commit or roll back. The reference sequence of a request
-is what a fully deterministic run produces; committed tokens must always be a prefix of it.
+A fake engine drives several requests through the core's verify rounds (``llm42.core.
+verify_round``, the very functions the adapter applies): a "fast path" decodes candidates that
+are sometimes wrong, a deterministic fake verifier replays the planned (B, W) passes, and each
+decision is applied to the token list as the adapter applies it to SGLang's. The reference
+sequence of a request is what a fully deterministic run produces; committed tokens must always
+be a prefix of it.
 """
 
 from __future__ import annotations
@@ -17,15 +19,16 @@ from hypothesis import strategies as st
 from llm42.core import (
     PAD_TOKEN_ID,
     DetRequestState,
+    Llm42Config,
     Llm42Stats,
     MismatchInjector,
     VerifyPass,
-    build_prompt_rows,
-    build_row,
-    decide,
-    num_job_rows,
-    plan_passes,
-    select_jobs,
+    decide_job,
+    due_jobs,
+    job_rows,
+    plan_round,
+    settle,
+    withhold_finish,
 )
 
 VOCAB = 17
@@ -49,14 +52,11 @@ class SimRequest:
     output_ids: list[int] = field(default_factory=list)
     is_done: bool = False
 
-    def refresh_finishing(self) -> None:
-        """What the adapter does after each event: EOS or max tokens mark the request finishing."""
-        is_finished = self.output_ids[-1] == EOS or len(self.output_ids) >= self.max_tokens
-        if is_finished:
-            self.state.mark_finishing()
-        else:
-            self.state.clear_finishing()
-        self.is_done = is_finished and self.state.is_fully_verified
+    def check_finish(self) -> None:
+        """As the adapter's `update_finish_state_hook` after a new last token: EOS or max tokens
+        finish the request, unless unverified candidates caused it (then it waits)."""
+        if self.output_ids[-1] == EOS or len(self.output_ids) >= self.max_tokens:
+            self.is_done = not withhold_finish(self.state, "finished")
 
 
 def make_request(index: int, rng: random.Random, window_size: int,
@@ -107,7 +107,6 @@ def simulate(
     error_rate: float,
     inject_rate: float,
     max_wait: int,
-    corrupt_in_place: bool = False,
     verify_prompt: bool = False,
     max_passes: int = 0,
     hold_rate: float = 0.0,
@@ -119,6 +118,8 @@ def simulate(
         r.state.rid: r
         for r in (make_request(i, rng, window_size, verify_prompt) for i in range(num_requests))
     }
+    config = Llm42Config(window_size=window_size, verify_batch_size=batch_size,
+                         max_verify_wait=max_wait, max_passes_per_step=max_passes)
     injector = MismatchInjector(rate=inject_rate, seed=seed)
     stats = Llm42Stats()
     for request in requests.values():  # solo prefill: o_0 right and verified; else a candidate
@@ -127,26 +128,19 @@ def simulate(
             token_id = (token_id + rng.randrange(1, VOCAB)) % VOCAB
         request.output_ids.append(token_id)
         request.state.on_first_token()
-        request.refresh_finishing()
-    ready_since: dict[str, int] = {}
+        request.check_finish()
     prefills = random.Random(seed + 1)  # steps that would also prefill hold their passes back
     for step in range(10_000):
         active = [r for r in requests.values() if not r.is_done]
         if not active:
             break
-        # 1. Fast path: every active, non-finishing request not being verified decodes one token;
-        #    a ready window or prompt waits up to max_wait steps for the pass to fill
-        #    (select_jobs).
+        # 1. Which ready windows and prompts run now; the others wait (decoding on) up to
+        #    max_wait steps for their pass to fill.
         waiting = [r for r in active if r.state.is_ready]
-        for r in waiting:
-            ready_since.setdefault(r.state.rid, step)
-        chosen = select_jobs([num_job_rows(r.state) for r in waiting],
-                             [step - ready_since[r.state.rid] for r in waiting],
-                             [r.state.is_finishing for r in waiting], batch_size, max_wait,
-                             max_passes, hold=prefills.random() < hold_rate)
+        chosen = due_jobs([r.state for r in waiting], step, config,
+                          hold=prefills.random() < hold_rate)
         ready = [waiting[i] for i in chosen]
-        for r in ready:
-            ready_since.pop(r.state.rid, None)
+        # 2. Fast path: every active request not being verified and not finishing decodes.
         for request in active:
             if request in ready or request.state.is_finishing:
                 continue
@@ -155,44 +149,32 @@ def simulate(
                 token_id = (token_id + rng.randrange(1, VOCAB)) % VOCAB
             request.output_ids.append(token_id)
             request.state.append_candidates()
-            request.refresh_finishing()
-        # 2. Plan and run the verify passes; inject into a copy of the compared candidates (as
-        #    the adapter does) or, with corrupt_in_place, into the list the rows are built from.
-        injected: dict[str, tuple[list[int], int | None]] = {}
-        for request in ready:
-            u, end = request.state.num_verified_tokens, request.state.compare_end
-            corrupted, index = injector.corrupt(request.output_ids[u:end], VOCAB)
-            candidate_ids = list(request.output_ids)
-            candidate_ids[u:end] = corrupted
-            if corrupt_in_place:
-                request.output_ids[:] = candidate_ids
-            injected[request.state.rid] = (candidate_ids, None if index is None else u + index)
-        rows = [row for r in ready for row in (
-            build_prompt_rows(r.state, PROMPT) if r.state.is_prompt_pending
-            else [build_row(r.state, r.output_ids)])]
-        for verify_pass in plan_passes(rows, batch_size, window_size):
-            stats.observe_pass(verify_pass.num_real_rows, verify_pass.num_pad_rows, 0.0)
-            verifier_rows = fake_verifier(verify_pass, requests)
-            for row, verifier_ids in zip(verify_pass.real_rows, verifier_rows, strict=False):
-                if row.sample_from == row.num_real:
-                    continue  # a leading prompt row: decides nothing
-                request = requests[row.rid.split("/")[0]]
-                verifier_ids = verifier_ids[row.sample_from :]
-                candidate_ids, injected_index = injected[request.state.rid]
-                decision = decide(
-                    request.state, candidate_ids, verifier_ids, injected_index=injected_index
-                )
-                # 3. Apply like the adapter: truncate, write the corrected token, then the state.
+            request.check_finish()
+        # 3. The round's passes; each job is decided by its last row, applied like the adapter:
+        #    truncate, write the corrected token, then settle the state and the finish.
+        jobs = [job_rows(r.state, PROMPT, r.output_ids) for r in ready]
+        for plan in plan_round(jobs, batch_size, window_size):
+            stats.observe_pass(plan.vpass.num_real_rows, plan.vpass.num_pad_rows, 0.0)
+            verifier_rows = fake_verifier(plan.vpass, requests)
+            for i, (owner, decides) in enumerate(zip(plan.owners, plan.decides, strict=True)):
+                if not decides:
+                    continue  # a leading prompt row
+                request, row = ready[owner], plan.vpass.rows[i]
+                decision = decide_job(request.state, request.output_ids,
+                                      verifier_rows[i][row.sample_from :], injector, VOCAB)
                 del request.output_ids[decision.new_num_output_tokens :]
                 if decision.is_rollback:
                     request.output_ids[-1] = decision.corrected_token_id
-                request.state.apply(decision)
+                settled = settle(request.state, decision)
                 stats.observe_decision(decision)
                 committed = request.output_ids[: request.state.num_verified_tokens]
                 assert committed == request.reference[: len(committed)], (
                     f"{request.state.rid}: committed {committed} is not a prefix of {request.reference}"
                 )
-                request.refresh_finishing()
+                if settled.finish is not None:
+                    request.is_done = True
+                elif settled.recheck_finish:
+                    request.check_finish()
     else:
         raise AssertionError("simulation did not terminate")
     return requests, stats
@@ -206,7 +188,6 @@ SIMULATIONS = st.fixed_dictionaries({
     "error_rate": st.sampled_from([0.0, 0.05, 0.3, 0.9]),
     "inject_rate": st.sampled_from([0.0, 0.3, 1.0]),
     "max_wait": st.integers(0, 7),
-    "corrupt_in_place": st.booleans(),
     "verify_prompt": st.booleans(),
     "max_passes": st.integers(0, 2),
     "hold_rate": st.sampled_from([0.0, 0.5, 1.0]),

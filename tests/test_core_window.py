@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from llm42.core import DetRequestState, InvariantError, VerifyDecision
@@ -27,9 +29,8 @@ WINDOW_CASES = [
     ((4, 5, 9, False), (1, 4, 9, 4, True)),  # window 1 full
     ((4, 5, 7, True), (1, 4, 9, 2, True)),  # window 1 cut short by EOS
     ((4, 5, 7, False), (1, 4, 9, 2, False)),  # same counts, not finishing: wait for W
-    ((4, 7, 7, True), (1, 4, 9, 2, False)),  # finishing but fully verified: may finish
     ((4, 3, 5, False), (0, 0, 5, 4, True)),  # after a rollback at 2: same window 0 again
-    ((4, 3, 3, True), (0, 0, 5, 2, False)),  # corrected token was EOS: nothing left to check
+    ((4, 3, 3, False), (0, 0, 5, 2, False)),  # after a rollback at 2: nothing left to check
     ((1, 1, 2, False), (0, 0, 2, 1, True)),  # W=1: one candidate per window
     ((1, 4, 5, False), (3, 3, 5, 1, True)),  # W=1, window 3
     ((3, 4, 6, True), (1, 3, 7, 2, True)),  # cut by max tokens inside window 1
@@ -61,11 +62,23 @@ def test_events_drive_a_window_to_ready() -> None:
     assert (state.num_verified_tokens, state.num_output_tokens) == (1, 1)
     state.append_candidates(3)
     assert not state.is_ready, "3 of 4 candidates: not ready"
-    state.mark_finishing()
-    assert state.is_ready, "finishing with candidates: ready"
-    state.clear_finishing()
+    finishing = dataclasses.replace(state)
+    finishing.defer_finish("eos")
+    assert finishing.is_ready, "finishing with candidates: ready"
     state.append_candidates()
     assert state.is_ready and state.num_real_entries == 4
+
+
+def test_a_finish_is_deferred_only_while_candidates_exist_and_released_by_their_accept() -> None:
+    with pytest.raises(InvariantError, match="only while candidates exist"):
+        make_state(4, 5, 5).defer_finish("eos")  # nothing unverified: the finish stands
+    state = make_state(4, 5, 7)
+    state.defer_finish("eos")
+    accept = VerifyDecision(num_compared=2, num_accepted=2, num_rejected=0,
+                            corrected_token_id=None, new_num_verified=7, new_num_output_tokens=7,
+                            mismatch_index=None)
+    assert state.apply(accept) == "eos", "the accept of the last candidate releases the finish"
+    assert not state.is_finishing and state.deferred_finish is None
 
 
 def test_apply_accept_and_rollback_counters() -> None:
@@ -79,9 +92,11 @@ def test_apply_accept_and_rollback_counters() -> None:
         new_num_output_tokens=6,
         mismatch_index=None,
     )
-    state.apply(accept)
+    state.ready_since_step = 3
+    assert state.apply(accept) is None, "a candidate is left: the finish stays deferred"
     assert (state.num_verified_tokens, state.num_output_tokens) == (5, 6)
     assert state.is_finishing, "an accept keeps the finishing flag"
+    assert state.ready_since_step is None, "the job ran: its wait starts over"
     rollback = VerifyDecision(
         num_compared=1,
         num_accepted=0,
@@ -91,7 +106,7 @@ def test_apply_accept_and_rollback_counters() -> None:
         new_num_output_tokens=6,
         mismatch_index=5,
     )
-    state.apply(rollback)
+    assert state.apply(rollback) is None, "a rollback drops the finish: re-checked afresh"
     assert (state.num_verified_tokens, state.num_output_tokens) == (6, 6)
     assert not state.is_finishing, "a rollback clears the finishing flag"
     counters = (state.num_verify_passes, state.num_rollbacks, state.num_tokens_rolled_back)
@@ -125,8 +140,9 @@ def test_drop_candidates() -> None:
 def test_restart_forgets_outputs_and_keeps_counters() -> None:
     """A retracted request starts over from its prompt: window 0 is the next to verify."""
     state = make_state(4, 9, 12, finishing=True)
-    state.num_verify_passes, state.num_rollbacks = 3, 1
+    state.num_verify_passes, state.num_rollbacks, state.ready_since_step = 3, 1, 7
     assert state.restart() == 12
+    assert state.ready_since_step is None
     assert (state.num_verified_tokens, state.num_output_tokens) == (0, 0)
     assert not state.is_finishing and not state.is_ready
     assert (state.num_verify_passes, state.num_rollbacks, state.num_restarts) == (3, 1, 1)

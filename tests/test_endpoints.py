@@ -75,10 +75,10 @@ def test_a_server_mixing_graphed_and_eager_passes_warns_once(caplog):
     """Graphed and eager passes may compute a token differently: the operator hears of it."""
     from types import SimpleNamespace
 
-    from llm42.sglang.scheduler_hooks import observe_pass_path
+    from llm42.sglang.verify_passes import observe_pass_path
 
     rt = SimpleNamespace(pass_paths=set())
-    with caplog.at_level("WARNING", logger="llm42.sglang.scheduler_hooks"):
+    with caplog.at_level("WARNING", logger="llm42.sglang.verify_passes"):
         for graphed in (True, True, True):
             observe_pass_path(rt, graphed)
         assert not caplog.records  # one path only: nothing to say
@@ -113,12 +113,13 @@ def test_scheduler_switches_the_window_only_with_no_deterministic_request_in_fli
 
     from llm42.core import DetRequestState, Llm42Config
     from llm42.sglang.runtime import Llm42Runtime
-    from llm42.sglang.scheduler_hooks import num_det_in_flight
+    from llm42.sglang.hooks_internal_state import num_det_in_flight
+    from llm42.sglang.request_state import attach
 
     def req(det: bool, finished: bool = False):
         r = SimpleNamespace(finished=lambda: finished)
         if det:
-            r._llm42 = DetRequestState(rid="r", window_size=8, num_prompt_tokens=4)
+            attach(r, DetRequestState(rid="r", window_size=8, num_prompt_tokens=4))
         return r
 
     waiting, running, done = req(True), req(True), req(True, finished=True)

@@ -1,5 +1,5 @@
 """`--llm42-overlap-verify` queues a pass before the decode step in flight is processed; only jobs
-whose compared candidates that step cannot change may go first (`scheduler_hooks._range_is_fixed`).
+whose compared candidates that step cannot change may go first (`verify_round.range_is_fixed`).
 The end-to-end check (bitwise outputs, `overlapped_passes`) is in test_batched_prefill.py."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from core_factories import make_state
 from llm42.core import DetRequestState
-from llm42.sglang.scheduler_hooks import _range_is_fixed
+from llm42.core.verify_round import range_is_fixed
 
 W = 4
 
@@ -32,7 +32,7 @@ def _after_step(state: DetRequestState) -> DetRequestState:
                      num_verified_tokens=0, num_output_tokens=1), True),  # prompt pass: o_0
 ])
 def test_only_jobs_whose_compared_range_cannot_grow_go_first(state, fixed):
-    assert _range_is_fixed(state) is fixed
+    assert range_is_fixed(state) is fixed
     later = _after_step(state)
     same = (later.compare_end, later.num_real_entries, later.window_start) == (
         state.compare_end, state.num_real_entries, state.window_start)

@@ -10,7 +10,8 @@ import pytest
 
 from llm42.core.config import Llm42Config
 from llm42.core.window import DetRequestState
-from llm42.sglang import runtime, scheduler_hooks
+from llm42.sglang import hooks_prefill, runtime
+from llm42.sglang.request_state import attach
 
 
 class Req:
@@ -18,7 +19,7 @@ class Req:
         self.name, self.origin_input_ids = name, list(range(prompt_len))
         self.return_logprob, self.logprob_start_len = False, -1
         if det:
-            self._llm42 = DetRequestState(rid=name, window_size=8, num_prompt_tokens=prompt_len)
+            attach(self, DetRequestState(rid=name, window_size=8, num_prompt_tokens=prompt_len))
 
 
 class Unreadable:
@@ -51,7 +52,7 @@ def _run(scheduler):
         seen.append([getattr(r, "name", "?") for r in sched.waiting_queue])
         return None, running_batch
 
-    scheduler_hooks.prefill_batch_hook(original, scheduler, prefill_delayer_single_pass=None,
+    hooks_prefill.prefill_batch_hook(original, scheduler, prefill_delayer_single_pass=None,
                                        running_batch=scheduler.running_batch)
     return seen[0]
 

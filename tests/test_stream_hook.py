@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from llm42.core import DetRequestState
-from llm42.sglang.scheduler_hooks import stream_accept_hook
+from llm42.sglang.hooks_output import stream_accept_hook
+from llm42.sglang.request_state import Llm42Req
 
 
 def _req(verified: int, outputs: list[int], logprobs: list[float], finished: bool):
@@ -16,7 +17,7 @@ def _req(verified: int, outputs: list[int], logprobs: list[float], finished: boo
                             num_verified_tokens=verified, num_output_tokens=len(outputs))
     lp = SimpleNamespace(output_token_logprobs_val=list(logprobs),
                          output_token_logprobs_idx=list(outputs[: len(logprobs)]))
-    return SimpleNamespace(_llm42=state, output_ids=array("q", outputs), logprob=lp,
+    return SimpleNamespace(_llm42=Llm42Req(det=state), output_ids=array("q", outputs), logprob=lp,
                            finished=lambda: finished)
 
 

@@ -1,4 +1,5 @@
-"""Engine-agnostic llm42 core: window state, decisions, planning, injection, statistics.
+"""Engine-agnostic llm42 core: window state, decisions, planning, verify rounds, injection,
+statistics.
 
 Pure Python (no sglang, torch or numpy), so its tests run in milliseconds.
 
@@ -20,6 +21,17 @@ from llm42.core.planner import (
     select_jobs,
 )
 from llm42.core.stats import Llm42Stats
+from llm42.core.verify_round import (
+    PassPlan,
+    Settlement,
+    decide_job,
+    due_jobs,
+    job_rows,
+    plan_round,
+    range_is_fixed,
+    settle,
+    withhold_finish,
+)
 from llm42.core.window import DetRequestState
 
 __all__ = [
@@ -29,14 +41,23 @@ __all__ = [
     "Llm42Config",
     "Llm42Stats",
     "MismatchInjector",
+    "PassPlan",
+    "Settlement",
     "VerifyDecision",
     "VerifyPass",
     "VerifyRow",
     "build_prompt_rows",
     "build_row",
     "decide",
+    "decide_job",
+    "due_jobs",
+    "job_rows",
     "num_job_rows",
     "overdue_wait",
     "plan_passes",
+    "plan_round",
+    "range_is_fixed",
     "select_jobs",
+    "settle",
+    "withhold_finish",
 ]

@@ -1,6 +1,8 @@
-"""llm42 settings as parsed from the server flags, validated with messages that name the flag.
+"""llm42 settings: one dataclass field each, with the flag that sets it and the flag's help.
 
-The adapter builds one from the parsed flags and validates it before the scheduler starts:
+The adapter derives the `--llm42-*` flags, their defaults and the stats echo from these fields
+(`setting_fields`, `Llm42Config.echo`), builds a config from the parsed flags and validates it
+before the scheduler starts:
 
     config = Llm42Config(window_size=args.llm42_window_size, verify_batch_size=8)
     config.validate(context_length=model_config.context_len)  # ValueError on bad flags
@@ -9,28 +11,93 @@ The adapter builds one from the parsed flags and validates it before the schedul
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import Field, dataclass, field, fields, replace
 
 # Prompts this long or longer prefill alone by default (see Llm42Config.solo_prefill_threshold):
 # 16 rows of W = 64, two full B = 8 passes, cost about as much as a solo prefill of 1,024 tokens.
 DEFAULT_SOLO_PREFILL_MIN_TOKENS = 1024
 
 
+def _setting(default, flag: str | None, help: str, *, echo_as: str | None = None,
+             echoed: bool = True):
+    """A field set by `flag` (None: not a flag of llm42's own). `echo_as` names the property whose
+    resolved value the stats report (a default that depends on other settings); `echoed=False`
+    keeps it out of the stats."""
+    return field(default=default, metadata={"flag": flag, "help": help, "echo_as": echo_as,
+                                             "echoed": echoed})
+
+
 @dataclass(frozen=True)
 class Llm42Config:
-    window_size: int = 64  # --llm42-window-size
-    verify_batch_size: int = 8  # --llm42-verify-batch-size
-    inject_mismatch_rate: float = 0.0  # --llm42-inject-mismatch-rate
-    skip_compare: bool = False  # --llm42-skip-compare
-    seed: int = 0  # seeds the mismatch injector
-    max_verify_wait: int | None = None  # --llm42-max-verify-wait; None: W // 4
-    max_passes_per_step: int = 0  # --llm42-max-passes-per-step; 0: no cap
-    defer_verify_on_prefill: bool = False  # --llm42-defer-verify-on-prefill
-    overlap_verify: bool = False  # --llm42-overlap-verify
-    batched_prefill: bool = True  # --[no-]llm42-batched-prefill
-    prefix_cache: bool = False  # --llm42-prefix-cache
-    solo_prefill_min_tokens: int | None = None  # --llm42-solo-prefill-min-tokens; None: auto
-    benchmark_modes: bool = False  # --llm42-benchmark-modes
+    window_size: int = _setting(
+        64, "--llm42-window-size",
+        "Tokens decoded per deterministic request before they are verified (W).")
+    verify_batch_size: int = _setting(
+        8, "--llm42-verify-batch-size",
+        "Rows per verification pass (B); the pass always has B x W tokens.")
+    inject_mismatch_rate: float = _setting(
+        0.0, "--llm42-inject-mismatch-rate",
+        "Fault injection for tests/benchmarks: probability that a verification window gets one "
+        "corrupted candidate (seeded by --random-seed).")
+    skip_compare: bool = _setting(
+        False, "--llm42-skip-compare",
+        "Benchmarking only: run verification passes but commit every candidate (measures the "
+        "cost of verification alone; output is NOT deterministic).")
+    # SGLang's --random-seed; not echoed by the stats (not a setting of llm42's own).
+    seed: int = _setting(0, None, "Seeds the mismatch injector.", echoed=False)
+    max_verify_wait: int | None = _setting(
+        None, "--llm42-max-verify-wait",
+        "Decode steps a full window may wait (decoding on) so that passes fill up with B rows "
+        "instead of padding; 0 verifies every window at once. Default: W / 4.",
+        echo_as="verify_wait_steps")
+    max_passes_per_step: int = _setting(
+        0, "--llm42-max-passes-per-step",
+        "At most this many verification passes per scheduler step, so that a burst of due "
+        "windows is spread over several decode steps instead of stalling one (jobs that waited "
+        "2 x the max verify wait + 1 steps run regardless); 0: no cap (default).")
+    defer_verify_on_prefill: bool = _setting(
+        False, "--llm42-defer-verify-on-prefill",
+        "Hold verification passes back in scheduler steps that are about to prefill (a waiting "
+        "request and room for it), so that a prefill and a pass do not lengthen the same gap "
+        "between decode steps; overdue jobs (2 x the max verify wait + 1 steps) run regardless.")
+    overlap_verify: bool = _setting(
+        False, "--llm42-overlap-verify",
+        "Overlap scheduler (SGLang's default): queue a verification pass behind the decode step "
+        "in flight and process that step's result while the GPU verifies, instead of waiting "
+        "for it first (passes of full windows and prompts; a finishing request's partial window "
+        "still waits). Outputs unchanged; the H200 determinism proof passed with it.")
+    batched_prefill: bool = _setting(
+        True, "--llm42-batched-prefill",
+        "Prefill deterministic requests on the fast path together with other requests and "
+        "verify their prompt in fixed-shape passes (default); --no-llm42-batched-prefill gives "
+        "each deterministic prefill a batch of its own. Requests asking for prompt logprobs are "
+        "always prefilled alone.")
+    prefix_cache: bool = _setting(
+        False, "--llm42-prefix-cache",
+        "With batched prefill (the default): deterministic requests share verified prompt KV "
+        "through SGLang's radix cache, in whole rows of W tokens (needs the radix cache on). "
+        "Also moves the default of --llm42-solo-prefill-min-tokens from 1024 to 0 (every "
+        "prompt is batched, so that long shared prefixes are reused): long prompts then take "
+        "prompt passes instead of a solo prefill, which changes their outputs.")
+    solo_prefill_min_tokens: int | None = _setting(
+        None, "--llm42-solo-prefill-min-tokens",
+        "With batched prefill: deterministic prompts of this many tokens or more prefill in a "
+        "batch of their own instead of being recomputed by prompt passes (cheaper for long "
+        "prompts); 0: every prompt is batched. Default: 1024, or 0 with --llm42-prefix-cache.",
+        echo_as="solo_prefill_threshold")
+    benchmark_modes: bool = _setting(
+        False, "--llm42-benchmark-modes",
+        "Benchmarking only: accept POST /llm42_benchmark_mode {\"skip_compare\": bool, "
+        "\"inject_mismatch_rate\": float, \"window_size\": int} to switch those settings on the "
+        "running server between benchmark runs (one server start for llm42, comparison-skipped "
+        "and injected runs, and a window sweep). A window switch needs an idle server: with "
+        "deterministic requests in flight it is refused (409). Off (default): the endpoint "
+        "answers 403, since skip_compare turns determinism off.")
+
+    def echo(self) -> dict:
+        """Every echoed setting by field name, resolved (`echo_as`): what `/llm42_stats` reports."""
+        return {f.name: getattr(self, f.metadata["echo_as"] or f.name)
+                for f in fields(self) if f.metadata["echoed"]}
 
     @property
     def solo_prefill_threshold(self) -> int | None:
@@ -107,6 +174,11 @@ class Llm42Config:
             raise ValueError(
                 f"--llm42-inject-mismatch-rate must be in [0, 1], got {self.inject_mismatch_rate}"
             )
+
+
+def setting_fields() -> list[Field]:
+    """The fields a `--llm42-*` flag sets, in declaration order (the order of `--help`)."""
+    return [f for f in fields(Llm42Config) if f.metadata["flag"] is not None]
 
 
 # What POST /llm42_benchmark_mode may switch on a running server (--llm42-benchmark-modes).

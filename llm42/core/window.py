@@ -46,6 +46,8 @@ class DetRequestState:
       * ``0 <= num_verified_tokens <= num_output_tokens``;
       * ``num_verified_tokens == 0`` exactly when ``num_output_tokens == 0`` (o_0 is verified
         as soon as it exists, it comes from the deterministic prefill), unless ``verify_prompt``;
+      * a deferred finish exists only while candidates do (``num_verified_tokens <
+        num_output_tokens``);
       * all per-request counters are >= 0 and ``num_rollbacks <= num_verify_passes``.
     """
 
@@ -58,7 +60,14 @@ class DetRequestState:
     num_rollbacks: int = 0
     num_tokens_rolled_back: int = 0
     num_restarts: int = 0
-    is_finishing: bool = False
+    # The finish (EOS, stop, length) the adapter withheld because unverified candidates caused
+    # it; opaque here (SGLang's reason and length). Set only while candidates exist: released
+    # by the decision that verifies the last one (`apply`), dropped by a rollback, abort or
+    # restart, whose corrected or regenerated tokens decide the finish afresh.
+    deferred_finish: object | None = None
+    # Decode step at which the current verification job became ready (None: not ready, or not
+    # stamped yet): how long it has waited for a pass to fill (`verify_round.due_jobs`).
+    ready_since_step: int | None = None
     verify_prompt: bool = False  # prompt KV and o_0 come from the fast path: verify them first
     # Leading prompt tokens whose KV came from the prefix cache, written there by earlier prompt
     # passes (a multiple of W, below P): the prompt pass starts after them.
@@ -78,6 +87,11 @@ class DetRequestState:
     def is_fully_verified(self) -> bool:
         """True when every output token is verified (a finishing request may then finish)."""
         return self.num_candidate_tokens == 0
+
+    @property
+    def is_finishing(self) -> bool:
+        """A finish waits on the candidates: verify the partial window instead of waiting for W."""
+        return self.deferred_finish is not None
 
     @property
     def is_prompt_pending(self) -> bool:
@@ -169,21 +183,27 @@ class DetRequestState:
         self.num_output_tokens += num_tokens
         self._check_invariants()
 
-    def mark_finishing(self) -> None:
-        """EOS / stop / max tokens seen: verify the partial window instead of waiting for W."""
-        self.is_finishing = True
+    def defer_finish(self, finish: object) -> None:
+        """EOS / stop / max tokens seen on a candidate: withhold `finish` until it is verified."""
+        if finish is None or self.num_candidate_tokens == 0:
+            raise InvariantError(f"{self.rid}: a finish is deferred only while candidates exist")
+        self.deferred_finish = finish
+        self._check_invariants()
 
-    def clear_finishing(self) -> None:
-        """The finishing token was rolled back or dropped: decode on."""
-        self.is_finishing = False
+    def note_ready(self, step: int) -> None:
+        """Stamp the decode step at which the current job was first seen ready (kept if set)."""
+        if self.ready_since_step is None:
+            self.ready_since_step = step
 
-    def apply(self, decision: VerifyDecision) -> None:
+    def apply(self, decision: VerifyDecision) -> object | None:
         """Apply a verification result computed by ``decide()`` for this very state.
 
         Accept:   [0, u) verified + [u, min(n, e)) accepted      -> u' = min(n, e), n' = n
         Rollback: [0, u) + [u, m) accepted + corrected token at m -> u' = n' = m + 1
-        A rollback also clears ``is_finishing``: the token that finished the request may be gone,
-        so the adapter re-checks the finish condition on the corrected token.
+        A rollback also drops the deferred finish: the token that finished the request may be
+        gone, so the adapter re-checks the finish condition on the corrected token. An accept
+        that verifies the last candidate releases it: returned, for the adapter to finish the
+        request with (None otherwise). Either way the job ran: its readiness stamp is cleared.
         """
         u, n = self.num_verified_tokens, self.num_output_tokens
         base_verified = decision.new_num_verified - decision.num_committed
@@ -199,10 +219,15 @@ class DetRequestState:
         if decision.is_rollback:
             self.num_rollbacks += 1
             self.num_tokens_rolled_back += decision.num_rejected
-            self.is_finishing = False
+            self.deferred_finish = None
         self.num_verified_tokens = decision.new_num_verified
         self.num_output_tokens = decision.new_num_output_tokens
+        self.ready_since_step = None
+        released = None
+        if self.deferred_finish is not None and self.num_candidate_tokens == 0:
+            released, self.deferred_finish = self.deferred_finish, None
         self._check_invariants()
+        return released
 
     def rollback_unverified(self) -> int:
         """Drop all candidates [u, n) (abort); return how many were dropped.
@@ -211,7 +236,7 @@ class DetRequestState:
         """
         num_dropped = self.num_candidate_tokens
         self.num_output_tokens = self.num_verified_tokens
-        self.is_finishing = False
+        self.deferred_finish = None
         self._check_invariants()
         return num_dropped
 
@@ -235,7 +260,8 @@ class DetRequestState:
         num_dropped = self.num_output_tokens
         self.num_output_tokens = 0
         self.num_verified_tokens = 0
-        self.is_finishing = False
+        self.deferred_finish = None
+        self.ready_since_step = None
         self.num_restarts += 1
         self.num_cached_prompt_tokens = 0  # the next prefill matches the cache afresh
         self._check_invariants()
@@ -263,6 +289,8 @@ class DetRequestState:
             raise InvariantError(
                 f"{self.rid}: o_0 is verified as soon as it exists, found verified={u}, output={n}"
             )
+        if self.deferred_finish is not None and u == n:
+            raise InvariantError(f"{self.rid}: a deferred finish waits on candidates, found none")
         counters = (self.num_verify_passes, self.num_rollbacks, self.num_tokens_rolled_back,
                     self.num_restarts)
         if min(counters) < 0:

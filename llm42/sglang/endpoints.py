@@ -15,7 +15,7 @@ from llm42.core.config import (
     with_benchmark_mode,
 )
 from llm42.core.stats import Llm42Stats, recompute_pct
-from llm42.sglang.scheduler_hooks import META_KEYS, MODE_KEY, RESET_KEY
+from llm42.sglang.keys import META_KEYS, MODE_KEY, RESET_KEY
 from llm42.sglang.server_args import config_from_server_args
 
 # Counters (Llm42Stats' keys, and per-rank KV) are summed over ranks; every other key is a

@@ -2,7 +2,7 @@
 
 For a request with prompt length P and n output tokens, SGLang (page size 1, no speculation)
 keeps `kv_committed_len == kv_allocated_len == P + n - 1` once a decode result is processed and
-before the next batch is built (llm42 verifies only then, see `scheduler_hooks._drain`): slots
+before the next batch is built (llm42 verifies only then, see `in_flight.drain`): slots
 `req_to_token[row, 0 : P+n-1)` hold the KV of the prompt and of o_0 .. o_{n-2}; o_{n-1} is the
 next decode input. Truncating the output to n' tokens frees the slots
 

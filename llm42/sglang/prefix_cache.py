@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from llm42.sglang import runtime
+from llm42.sglang.request_state import det_state, of
 
 if TYPE_CHECKING:
     from llm42.core import Llm42Config
@@ -39,7 +40,8 @@ def uses_cache(req) -> bool:
 def max_prefix_len_hook(original, req, input_len):
     """AROUND Req._compute_max_prefix_len: the cap `init_round_hook` sets for a re-match."""
     limit = original(req, input_len)
-    cap = getattr(req, "_llm42_prefix_cap", None)
+    fields = of(req)
+    cap = None if fields is None else fields.prefix_cap
     return limit if cap is None else min(limit, cap)
 
 
@@ -50,19 +52,18 @@ def init_round_hook(original, req, tree_cache=None, *args, **kwargs):
     compute that row over a prefix split differently), so it matches again, capped at the
     boundary below."""
     result = original(req, tree_cache, *args, **kwargs)
-    from llm42.sglang.scheduler_hooks import det_state
-
-    state = det_state(req)
+    fields = of(req)
+    state = None if fields is None else fields.det
     if tree_cache is None or state is None or not uses_cache(req):
         return result
     window = state.window_size
     matched = len(req.prefix_indices)
     if matched % window:
-        req._llm42_prefix_cap = matched - matched % window
+        fields.prefix_cap = matched - matched % window
         try:
             result = original(req, tree_cache, *args, **kwargs)
         finally:
-            req._llm42_prefix_cap = None
+            fields.prefix_cap = None
     state.use_cached_prompt(len(req.prefix_indices))
     return result
 
@@ -76,8 +77,6 @@ def publish_prompt(scheduler, req) -> int:
     prefill chunk, so SGLang's release at finish frees only what follows."""
     from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
     from sglang.srt.mem_cache.radix_cache import RadixKey
-
-    from llm42.sglang.scheduler_hooks import det_state
 
     window = det_state(req).window_size  # the rows its prompt pass wrote
     num_tokens = len(req.origin_input_ids) // window * window

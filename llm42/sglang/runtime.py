@@ -74,21 +74,10 @@ class Llm42Runtime:
 
     def snapshot(self) -> dict:
         snap = self.stats.snapshot()
+        snap.update(self.config.echo())  # every setting, as resolved
         snap.update(
             enabled=True,
-            window_size=self.config.window_size,
-            verify_batch_size=self.config.verify_batch_size,
-            inject_mismatch_rate=self.config.inject_mismatch_rate,
-            skip_compare=self.config.skip_compare,
-            max_verify_wait=self.config.verify_wait_steps,
-            max_passes_per_step=self.config.max_passes_per_step,
-            defer_verify_on_prefill=self.config.defer_verify_on_prefill,
-            overlap_verify=self.config.overlap_verify,
             overlap_schedule=self.overlap,
-            batched_prefill=self.config.batched_prefill,
-            prefix_cache=self.config.prefix_cache,
-            solo_prefill_min_tokens=self.config.solo_prefill_threshold,
-            benchmark_modes=self.config.benchmark_modes,
             benchmark_mode_refusal=self.mode_refusal,
             timeline=timeline_path(),
             # Dummy rows reuse SGLang's reserved padding row 0 / slot 0: no extra KV.

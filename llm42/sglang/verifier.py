@@ -75,7 +75,7 @@ def launch_pass(
 ) -> LaunchedPass:
     """Queue one pass's forward; `reqs[i]` is the request of row i (None for dummy rows). Its
     host-to-device copies do not block, so with the overlap loop it can be queued behind the
-    decode step in flight (`scheduler_hooks._verify`)."""
+    decode step in flight (`verify_passes.run_round`)."""
     t0 = time.perf_counter()
     device = decode_batch.device
     W = vpass.window_size

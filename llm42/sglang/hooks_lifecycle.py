@@ -1,0 +1,125 @@
+"""Hooks on a request's life in the scheduler: server start, a deterministic request's creation,
+its finishes (deferred until verified, or an abort dropping its candidates) and its retraction
+(a restart from the prompt)."""
+
+from __future__ import annotations
+
+from llm42.core.verify_round import withhold_finish
+from llm42.core.window import DetRequestState
+from llm42.sglang import kv_rollback, prefill_faults, runtime
+from llm42.sglang.keys import META_KEYS
+from llm42.sglang.request_fields import is_deterministic_params
+from llm42.sglang.request_state import attach, det_state, of
+
+
+def scheduler_init_hook(result, scheduler, *args, **kwargs):
+    """AFTER Scheduler.__init__: validate against the loaded model and install the runtime."""
+    from llm42.sglang.plugin import assert_hooks_applied
+    from llm42.sglang.server_args import config_from_server_args
+
+    folder = getattr(scheduler.server_args, "llm42_timeline_dir", None)
+    if folder:  # also on a baseline server, to compare its step timeline with llm42's
+        runtime.install_timeline(folder)
+    config = config_from_server_args(scheduler.server_args)
+    if config is None:
+        return
+    config.validate(scheduler.model_config.context_len)
+    assert_hooks_applied()
+    page_size = getattr(scheduler, "page_size", 1)
+    if page_size != 1:
+        raise ValueError(f"llm42 supports --page-size 1 only (got {page_size}).")
+    if not scheduler.spec_algorithm.is_none():
+        raise ValueError("llm42 cannot be combined with speculative decoding.")
+    runtime.install(scheduler, config)
+
+
+class _CounterView:
+    """Per-token view of one per-request counter, for SGLang's customized_info channel."""
+
+    __slots__ = ("state", "name")
+
+    def __init__(self, state: DetRequestState, name: str):
+        self.state, self.name = state, name
+
+    def __getitem__(self, index):
+        value = getattr(self.state, self.name)
+        if isinstance(index, slice):
+            return [value] * len(range(*index.indices(1 << 30)))
+        return value
+
+    def __len__(self):
+        return 1 << 30
+
+
+def req_init_hook(result, req, *args, **kwargs):
+    """AFTER Req.__init__: attach window state to deterministic requests."""
+    if runtime.RUNTIME is None or not is_deterministic_params(req.sampling_params):
+        return
+    state = DetRequestState(
+        rid=req.rid,
+        window_size=runtime.RUNTIME.config.window_size,
+        num_prompt_tokens=len(req.origin_input_ids),
+    )
+    attach(req, state)
+    # Never match or publish radix-cache prefixes: cached KV was computed by other batches.
+    req.extra_key = f"llm42-det:{req.rid}"
+    req.skip_radix_cache_insert = True
+    req.customized_info = {key: _CounterView(state, attr) for key, attr in META_KEYS.items()}
+
+
+def update_finish_state_hook(original, req, new_accepted_len: int = 1):
+    """AROUND Req.update_finish_state: keep SGLang's checks, defer finishes of candidates.
+
+    A finish caused by unverified candidates is withheld in the request's state
+    (`DetRequestState.deferred_finish`) until the decision verifying them releases it."""
+    state = det_state(req)
+    if state is None or req.finished():
+        return original(req, new_accepted_len)
+    sched = runtime.RUNTIME.scheduler
+    if req.to_finish is not None:  # abort / timeout: candidates are dropped, never returned
+        if state.num_output_tokens == 0 and req.output_ids:
+            state.on_first_token()  # aborted while its prefill ran (overlap loop): o_0 stands
+        state.rollback_unverified()
+        kv_rollback.truncate_output(sched, req, state.num_output_tokens, None)
+        return original(req, new_accepted_len)
+    if state.is_finishing:
+        # Overlap loop: the batch launched before the finish was seen decoded one token past it.
+        kv_rollback.truncate_output(sched, req, state.num_output_tokens, sched.running_batch)
+        return
+    _sync_new_tokens(state, req)
+    original(req, new_accepted_len)
+    if req.finished() and withhold_finish(state, (req.finished_reason, req.finished_len)):
+        req.finished_reason, req.finished_len = None, None
+
+
+def _sync_new_tokens(state: DetRequestState, req) -> None:
+    num_new = len(req.output_ids) - state.num_output_tokens
+    if num_new <= 0:
+        return
+    if state.num_output_tokens == 0:
+        state.on_first_token()  # verified: solo prefill; a candidate: prompt pass pending
+        num_new -= 1
+        if state.verify_prompt and prefill_faults.enabled():
+            prefill_faults.perturb(runtime.RUNTIME.scheduler, req, state.num_cached_prompt_tokens)
+    if num_new:
+        state.append_candidates(num_new)
+
+
+def reset_for_retract_hook(result, req, *args, **kwargs):
+    """AFTER Req.reset_for_retract: a retracted deterministic request restarts from its prompt.
+
+    SGLang keeps the outputs and re-prefills prompt + outputs, which would give the verified
+    tokens KV computed by a prefill instead of by their windows (`DetRequestState.restart`).
+    Its KV is already released (`release_kv_cache`), so only the lists are cut."""
+    fields = of(req)
+    if fields is None or fields.det is None:
+        return
+    state = fields.det
+    # Only what the stream already carries: its offsets must not move past tokens whose
+    # logprobs are not regenerated yet (the overlap loop may stream a just-retracted request).
+    sent = req.output_ids[: min(req.send_token_offset, state.num_verified_tokens)]  # array copy
+    if fields.published is None or len(sent) > len(fields.published):
+        fields.published = sent
+    state.restart()  # drops the deferred finish and the readiness stamp too
+    kv_rollback.truncate_output(runtime.RUNTIME.scheduler, req, 0, None)
+    runtime.RUNTIME.stats.observe_restart()

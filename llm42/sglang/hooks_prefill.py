@@ -1,0 +1,103 @@
+"""Prefill hooks: which deterministic requests prefill in a batch of their own, and where the
+next chunk of a chunked deterministic prompt starts.
+
+With batched prefill (the default) a deterministic prompt joins any batch and a prompt pass
+verifies it later; a long prompt (`--llm42-solo-prefill-min-tokens`), one asking for prompt
+logprobs, or any with `--no-llm42-batched-prefill` prefills alone, so o_0 depends on the request
+only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from llm42.sglang import prefix_cache, runtime
+from llm42.sglang.request_state import det_state
+
+
+def prefill_batch_hook(original, scheduler, *args, **kwargs):
+    """AROUND Scheduler._get_new_batch_prefill_raw: a deterministic prefill runs alone, unless
+    its prompt is verified afterwards (batched prefill, the default): then it joins any batch."""
+    rt = runtime.RUNTIME
+    queue = scheduler.waiting_queue
+    chunked = scheduler.chunked_req
+    running = kwargs.get("running_batch", args[1] if len(args) > 1 else None)
+    if rt is None or _admits_nothing(scheduler, running):
+        return original(scheduler, *args, **kwargs)
+    for req in (*queue, chunked):
+        _choose_prompt_path(rt, req)
+    alone = [_prefills_alone(r) for r in queue]
+    chunked_alone = _prefills_alone(chunked)
+    if not (any(alone) or chunked_alone):
+        return original(scheduler, *args, **kwargs)
+    det = [r for r, a in zip(queue, alone) if a]
+    normal = [r for r, a in zip(queue, alone) if not a]
+    if chunked is not None:
+        visible = [] if chunked_alone else normal
+    elif det and (rt.prefer_det_prefill or not normal):
+        visible = det[:1]
+    else:
+        visible = normal
+    rt.prefer_det_prefill = not rt.prefer_det_prefill
+    visible_ids = {id(r) for r in visible}
+    scheduler.waiting_queue = visible
+    try:
+        return original(scheduler, *args, **kwargs)
+    finally:
+        left = scheduler.waiting_queue
+        keep = {id(r) for r in left} | {id(r) for r in queue if id(r) not in visible_ids}
+        queued = {id(r) for r in queue}
+        merged = [r for r in queue if id(r) in keep]
+        merged += [r for r in left if id(r) not in queued]  # e.g. retracted by the original
+        scheduler.waiting_queue = merged
+
+
+def _admits_nothing(scheduler, running_batch) -> bool:
+    """The first early return of SGLang 0.5.17's `_get_new_batch_prefill_raw` (its fingerprint
+    is in patches/): a full running batch and no chunked prompt admit no request, so the split
+    of the waiting queue, O(queue) per scheduler step (~1.5 ms with 1,800 queued), is skipped.
+    Ready grammar requests and preemption modes, which the original handles before that return,
+    take the full path."""
+    return (running_batch is not None and running_batch.batch_is_full
+            and scheduler.chunked_req is None
+            and not scheduler.grammar_manager.has_waiting_grammars()
+            and not (scheduler.enable_priority_preemption or scheduler.is_hybrid_swa))
+
+
+def _choose_prompt_path(rt, req) -> None:
+    """Before a deterministic request's first prefill (and after a restart's, with the same
+    result): fix `verify_prompt`, solo prefill or prompt passes, a function of the request alone.
+
+    Long prompts (`Llm42Config.solo_prefill_threshold`) prefill alone: a solo prefill computes
+    them once, where prompt passes would compute them a second time, in small passes. So does a
+    request asking for prompt logprobs: the prompt pass gives o_0 and the prompt's KV, not the
+    prompt's logprobs. A verified prompt may match verified KV of the prefix cache."""
+    state = det_state(req) if req is not None else None
+    if state is None or state.num_output_tokens != 0 or state.num_restarts != 0:
+        return
+    wants_prompt_logprobs = req.return_logprob and 0 <= req.logprob_start_len < len(
+        req.origin_input_ids)
+    state.verify_prompt = not rt.config.prefills_alone(
+        len(req.origin_input_ids), wants_prompt_logprobs)
+    if state.verify_prompt and rt.config.prefix_cache:
+        req.extra_key = prefix_cache.namespace(rt.config)  # its prompt KV will be verified
+
+
+def _prefills_alone(req) -> bool:
+    """Deterministic and prefilled in a batch of its own (`_choose_prompt_path` ran on it)."""
+    state = det_state(req) if req is not None else None
+    return state is not None and not state.verify_prompt
+
+
+def stash_chunked_hook(original, scheduler, req):
+    """AROUND Scheduler.stash_chunked_request: after a prefill chunk, a deterministic request's
+    next chunk starts where this one ended.
+
+    SGLang advances `prefix_indices` while caching the chunk in the prefix tree, which
+    `skip_radix_cache_insert` turns off for deterministic requests (their KV is rewritten by
+    verification and rolled back); without this their first chunk would run again and again.
+    The KV stays the request's own: nothing enters the tree, as with SGLang's ChunkCache."""
+    if det_state(req) is None:
+        return original(scheduler, req)
+    row = scheduler.req_to_token_pool.req_to_token[req.req_pool_idx, : req.extend_range.end]
+    req.prefix_indices = row.to(dtype=torch.int64, copy=True)

@@ -1,0 +1,115 @@
+"""The verify loop: before the scheduler builds its next batch, the windows and prompts that are
+due are verified (`verify_passes`), so the batch is built from the corrected tokens.
+
+Overlap loop: SGLang launches batch N+1 before it processes the result of batch N, so a rollback
+found while processing N would come too late for N+1, already built from the old tokens. Hence
+verification runs at the top of `get_next_batch_to_run`: when a pass is due, the result still in
+flight is processed first (`in_flight.drain`), so the pass, the rollback and the next batch all
+see one consistent state; iterations with nothing to verify keep the overlap.
+"""
+
+from __future__ import annotations
+
+import time
+
+from llm42.core.verify_round import due_jobs, range_is_fixed
+from llm42.sglang import in_flight, runtime, verify_passes
+from llm42.sglang.request_state import det_state
+
+
+def decode_result_hook(original, processor, batch, result):
+    """AROUND process_batch_result_decode: count decode steps (how long full windows wait)."""
+    original(processor, batch, result)
+    if runtime.RUNTIME is not None:
+        runtime.RUNTIME.decode_step += 1
+
+
+def next_batch_hook(original, scheduler, running_batch, last_batch):
+    """AROUND Scheduler.get_next_batch_to_run: verify due windows before the next batch is built.
+
+    A full window or a fast-path prompt waits (decoding on) until B rows fill a pass, it has
+    waited `verify_wait_steps` decode steps, or a finish depends on it (`planner.select_jobs`;
+    `--llm42-max-passes-per-step` spreads bursts over several steps)."""
+    rt, timeline = runtime.RUNTIME, runtime.TIMELINE
+    if rt is None and timeline is None:
+        return original(scheduler, running_batch, last_batch)
+    now = time.perf_counter()
+    if timeline is not None:
+        timeline.begin(now)
+    if rt is not None:
+        if rt.step_kind is not None:
+            rt.stats.observe_step(rt.step_kind, now - rt.step_started)
+        if running_batch is not None and running_batch.reqs:
+            verify_due(rt, scheduler, running_batch)
+    build_started = time.perf_counter()
+    plan = original(scheduler, running_batch, last_batch)
+    batch = plan.batch_to_run
+    kind = _step_kind(batch)
+    if rt is not None:
+        rt.step_started, rt.step_kind = time.perf_counter(), kind
+        rt.stats.observe_schedule(rt.step_started - now, rt.step_started - build_started)
+    if timeline is not None:
+        _record_launch(timeline, kind, scheduler, batch)
+    return plan
+
+
+def _record_launch(timeline, kind, scheduler, batch) -> None:
+    reqs = len(batch.reqs) if kind is not None else 0
+    tokens = reqs
+    if kind in ("prefill", "det_prefill"):
+        tokens = int(getattr(batch, "extend_num_tokens", None) or 0)
+    running = getattr(scheduler, "running_batch", None)
+    timeline.launched(kind, reqs=reqs, tokens=tokens,
+                      running=len(running.reqs) if running is not None else 0,
+                      queued=len(scheduler.waiting_queue))
+
+
+def _step_kind(batch) -> str | None:
+    if batch is None or not batch.reqs:
+        return None
+    if batch.forward_mode.is_decode():
+        return "decode"
+    if batch.forward_mode.is_extend():
+        alone = any((st := det_state(r)) is not None and not st.verify_prompt for r in batch.reqs)
+        return "det_prefill" if alone else "prefill"
+    return None
+
+
+def verify_due(rt, scheduler, batch) -> None:
+    """Verification rounds over the running batch's ready jobs until none is due (one round per
+    step under `--llm42-max-passes-per-step`); then stream what they verified.
+
+    A round needs the in-flight result processed first: it may append candidates to, or finish,
+    the chosen jobs. With `--llm42-overlap-verify` a round whose every job's compared range is
+    fixed (`range_is_fixed`) runs while that result is processed instead."""
+    cfg = rt.config
+    hold = cfg.defer_verify_on_prefill and _prefill_coming(scheduler, batch)
+    touched, drained = [], False
+    while not (touched and cfg.max_passes_per_step):  # under a pass cap: one round per step
+        ready = [r for r in batch.reqs
+                 if (st := det_state(r)) is not None and not r.finished() and st.is_ready]
+        chosen = due_jobs([det_state(r) for r in ready], rt.decode_step, cfg, hold)
+        if not chosen:
+            break
+        jobs = [ready[i] for i in chosen]
+        overlap = False
+        if not drained and in_flight.in_flight(scheduler):
+            drained = True
+            overlap = cfg.overlap_verify and all(range_is_fixed(det_state(r)) for r in jobs)
+            if not overlap:
+                in_flight.drain(scheduler)
+                continue  # the in-flight result changed the candidates: choose again
+        verify_passes.run_round(rt, scheduler, batch, jobs, overlap)
+        touched += [r for r in jobs if not any(r is t for t in touched)]
+    if touched:
+        scheduler.batch_result_processor.output_streamer.stream_output(
+            touched, batch.return_logprob
+        )
+
+
+def _prefill_coming(scheduler, batch) -> bool:
+    """Whether this step will likely launch a prefill: SGLang prefers one whenever a request
+    waits and there is room for it (a chunked prompt always continues)."""
+    if scheduler.chunked_req is not None:
+        return True
+    return bool(scheduler.waiting_queue) and len(batch.reqs) < scheduler.max_running_requests

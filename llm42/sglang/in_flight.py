@@ -1,0 +1,47 @@
+"""The overlap loop's result in flight: SGLang launches batch N+1 before it processes the result
+of batch N. llm42 processes that result early (`drain`) when a verification pass must see it,
+and leaves `DRAINED` in its queue entry so that the loop does not process it twice."""
+
+from __future__ import annotations
+
+import time
+
+from llm42.sglang import runtime
+
+
+class _Drained:
+    """Stands in the overlap loop's result queue for a result llm42 already processed."""
+
+    def __repr__(self):
+        return "<llm42: result processed early>"
+
+
+DRAINED = _Drained()
+
+
+def process_result_hook(original, scheduler, batch, result):
+    """AROUND Scheduler.process_batch_result: skip results `drain` already processed."""
+    if result is DRAINED:
+        return None
+    return original(scheduler, batch, result)
+
+
+def in_flight(scheduler) -> bool:
+    """Overlap loop: a launched batch whose result has not been processed yet."""
+    queue = getattr(scheduler, "result_queue", None) if scheduler.enable_overlap else None
+    return bool(queue) and queue[0][1] is not DRAINED
+
+
+def drain(scheduler) -> None:
+    """Overlap loop: process the in-flight result now (`in_flight` must hold).
+
+    The loop pops one queue entry per launched batch, so the entry stays as `DRAINED`."""
+    t0 = time.perf_counter()
+    queue = scheduler.result_queue
+    pending_batch, pending_result = queue.popleft()
+    scheduler.process_batch_result(pending_batch, pending_result)
+    queue.appendleft((pending_batch, DRAINED))
+    rt = runtime.RUNTIME
+    rt.stats.observe_early_result(time.perf_counter() - t0)
+    if runtime.TIMELINE is not None:
+        runtime.TIMELINE.observe_drain()

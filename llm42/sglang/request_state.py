@@ -1,0 +1,50 @@
+"""Everything llm42 keeps on one SGLang request: a `Llm42Req` hung on it as `req._llm42`.
+
+    fields = attach(req, DetRequestState(rid=req.rid, window_size=W, num_prompt_tokens=P))
+    state = det_state(req)  # None for a normal request
+
+Torch-free and import-free of the other adapter modules, so every hook module can read it
+without an import cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from llm42.core.window import DetRequestState
+
+
+@dataclass(eq=False)
+class Llm42Req:
+    """llm42's fields of one SGLang `Req`.
+
+    Invariants: a deterministic request (`det` set) never gets a `noise_seed` (it samples with
+    its own seed); `published` and `prefix_cap` exist only with `det`. Window counters, the
+    deferred finish and the readiness stamp live in `det` (`DetRequestState`), never here.
+    """
+
+    det: DetRequestState | None = None
+    # Deterministic: the verified tokens streamed before the last retraction restart. Until the
+    # regenerated output catches up they stand for it, so the stream never sees it shrink.
+    published: Sequence[int] | None = None
+    # Deterministic, prefix cache: the cap of a re-match in progress (`prefix_cache`), else None.
+    prefix_cap: int | None = None
+    # Normal request: the seed of its sampling noise, drawn when it is first sampled.
+    noise_seed: int | None = None
+
+
+def of(req) -> Llm42Req | None:
+    return getattr(req, "_llm42", None)
+
+
+def attach(req, det: DetRequestState | None = None) -> Llm42Req:
+    fields = Llm42Req(det=det)
+    req._llm42 = fields
+    return fields
+
+
+def det_state(req) -> DetRequestState | None:
+    """The window state of a deterministic request; None for any other."""
+    fields = getattr(req, "_llm42", None)
+    return None if fields is None else fields.det

@@ -1,0 +1,249 @@
+"""The verify loop's adapter on small fakes: when rounds run (`hooks_verify.verify_due`), how a
+decision is applied to a request (`verify_passes.apply_result`) and how finishes are deferred
+(`hooks_lifecycle.update_finish_state_hook`). No model, no server: milliseconds."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from llm42.core import DetRequestState, Llm42Config, Llm42Stats, MismatchInjector, decide
+from llm42.sglang import hooks_lifecycle, hooks_verify, in_flight, runtime, verify_passes
+from llm42.sglang.request_state import attach
+from llm42.sglang.verifier import RowResult
+
+W = 4
+EOS = 0
+
+
+class Req:
+    """What the hooks read of SGLang's Req; `update_finish_state` runs through the llm42 hook
+    as in a hooked server, and finishes on EOS or `max_new_tokens`."""
+
+    def __init__(self, rid: str, outputs: list[int], verified: int, max_new_tokens: int = 99):
+        self.rid, self.origin_input_ids = rid, [5, 6, 7]
+        self.output_ids = list(outputs)
+        self.max_new_tokens = max_new_tokens
+        self.to_finish = self.finished_reason = self.finished_len = None
+        self.req_pool_idx = None  # no KV: kv_rollback cuts only the lists
+        self.return_logprob, self.logprob = False, None
+        self.extra_key = f"llm42-det:{rid}"
+        self.sampling_params = SimpleNamespace(temperature=1.0, top_p=1.0, top_k=1, min_p=0.0)
+        state = DetRequestState(rid=rid, window_size=W, num_prompt_tokens=3,
+                                num_verified_tokens=verified, num_output_tokens=len(outputs))
+        self.state = attach(self, state).det
+
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    def update_finish_state(self, new_accepted_len: int = 1):
+        return hooks_lifecycle.update_finish_state_hook(_sglang_finish_check, self,
+                                                        new_accepted_len)
+
+
+def _sglang_finish_check(req, new_accepted_len=1):
+    """SGLang's own check, reduced to EOS and length."""
+    if req.to_finish is not None:
+        req.finished_reason, req.finished_len = req.to_finish, len(req.output_ids)
+    elif req.output_ids and req.output_ids[-1] == EOS:
+        req.finished_reason, req.finished_len = "eos", len(req.output_ids)
+    elif len(req.output_ids) >= req.max_new_tokens:
+        req.finished_reason, req.finished_len = "length", req.max_new_tokens
+
+
+@pytest.fixture
+def rt(monkeypatch):
+    handled = []
+    scheduler = SimpleNamespace(
+        running_batch=None, chunked_req=None, waiting_queue=[], max_running_requests=8,
+        enable_overlap=False, streamed=[],
+        batch_result_processor=SimpleNamespace(
+            _handle_finish_state_updated_req=lambda req, batch, *a: handled.append(req),
+            output_streamer=SimpleNamespace(
+                stream_output=lambda reqs, logprob: scheduler.streamed.append(list(reqs)))))
+    fake = SimpleNamespace(
+        scheduler=scheduler, config=Llm42Config(window_size=W, verify_batch_size=2,
+                                                max_verify_wait=2),
+        decode_step=10, stats=Llm42Stats(), metrics=None, vocab_size=50,
+        injector=MismatchInjector(0.0, 0), handled=handled)
+    monkeypatch.setattr(runtime, "RUNTIME", fake)
+    monkeypatch.setattr(runtime, "TIMELINE", None)
+    return fake
+
+
+# ---------------------------------------------------------------- update_finish_state_hook
+
+
+@pytest.mark.parametrize(("outputs", "verified", "new", "finished", "deferred"), [
+    ([4, 4], 1, [EOS], False, ("eos", 3)),  # EOS on a candidate: withheld until verified
+    ([4, 4], 1, [9], False, None),  # no finish: decode on
+    ([], 0, [EOS], True, None),  # o_0 of a solo prefill is verified: its EOS stands
+])
+def test_a_finish_waits_for_the_tokens_that_caused_it(rt, outputs, verified, new, finished,
+                                                      deferred):
+    req = Req("r", outputs, verified)
+    req.output_ids += new
+    req.update_finish_state()
+    assert req.finished() is finished
+    assert req.state.deferred_finish == deferred
+    assert req.state.num_output_tokens == len(outputs) + len(new), "new tokens counted"
+
+
+def test_a_deferred_request_drops_what_the_overlap_loop_decoded_past_its_finish(rt):
+    rt.scheduler.running_batch = SimpleNamespace(reqs=[])
+    req = Req("r", [4, 4], 1)
+    req.output_ids.append(EOS)
+    req.update_finish_state()
+    req.output_ids.append(8)  # the batch launched before the finish was seen
+    req.update_finish_state()
+    assert req.output_ids == [4, 4, EOS] and not req.finished()
+    assert req.state.num_output_tokens == 3 and req.state.is_finishing
+
+
+def test_an_abort_drops_the_candidates_and_finishes_at_once(rt):
+    req = Req("r", [4, 4, 4], 1)
+    req.output_ids.append(EOS)
+    req.update_finish_state()  # deferred
+    req.to_finish = "abort"
+    req.update_finish_state()
+    assert req.finished_reason == "abort" and req.output_ids == [4]
+    assert req.state.num_output_tokens == 1 and not req.state.is_finishing
+
+
+# ---------------------------------------------------------------- apply_result
+
+
+def _result(verifier_ids: list[int], logprobs: list[float] | None = None) -> RowResult:
+    return RowResult(token_ids=verifier_ids, logprobs=logprobs, top_logprobs_val=None,
+                     top_logprobs_idx=None)
+
+
+def _apply(rt, req, verifier_ids, logprobs=None):
+    batch = SimpleNamespace(reqs=[SimpleNamespace(), req])
+    verify_passes.apply_result(rt, rt.scheduler, batch, req, _result(verifier_ids, logprobs))
+
+
+def test_an_accept_of_the_last_candidates_releases_the_deferred_finish(rt):
+    req = Req("r", [4, 4, 4], 1)
+    req.output_ids.append(EOS)
+    req.update_finish_state()
+    _apply(rt, req, [4, 4, EOS])  # window 0: entries predict o_1..o_3
+    assert (req.finished_reason, req.finished_len) == ("eos", 4)
+    assert rt.handled == [req] and rt.stats.snapshot()["det_requests_finished"] == 1
+
+
+def test_an_accept_with_candidates_past_the_window_keeps_the_finish_deferred(rt):
+    req = Req("r", [4, 4, 4, 4, 4, 4], 1, max_new_tokens=7)
+    req.output_ids.append(4)
+    req.update_finish_state()  # length 7 reached on a candidate of window 1
+    _apply(rt, req, [4, 4, 4, 4])  # window 0 accepted: o_5, o_6 still candidates
+    assert not req.finished() and req.state.is_finishing and rt.handled == []
+    assert req.state.num_verified_tokens == 5
+
+
+@pytest.mark.parametrize(("corrected", "finished"), [
+    (EOS, True),  # the verifier's token is EOS: the request finishes on it
+    (9, False),  # the EOS was rolled back: decode on
+])
+def test_a_rollback_rechecks_the_finish_on_the_corrected_token(rt, corrected, finished):
+    req = Req("r", [4, 4, 4], 1)
+    req.output_ids.append(EOS)
+    req.update_finish_state()
+    _apply(rt, req, [4, corrected, 3])  # mismatch at o_2
+    assert req.output_ids == [4, 4, corrected]
+    assert (req.state.num_verified_tokens, req.state.num_output_tokens) == (3, 3)
+    assert req.finished() is finished and not req.state.is_finishing
+    assert rt.stats.snapshot()["rollbacks"] == 1
+
+
+def test_verified_tokens_carry_the_verifiers_logprobs(rt):
+    req = Req("r", [4, 4, 4, 4, 4], 1)
+    req.return_logprob = True
+    req.logprob = SimpleNamespace(output_token_logprobs_val=[-9.0] * 5,
+                                  output_token_logprobs_idx=[4] * 5, top_logprobs_num=0)
+    _apply(rt, req, [4, 4, 7, 4], logprobs=[-0.1, -0.2, -0.3, -0.4])
+    assert req.output_ids == [4, 4, 4, 7], "entry j predicts o_(1+j): mismatch at o_3"
+    assert req.logprob.output_token_logprobs_val == [-9.0, -0.1, -0.2, -0.3], "the verifier's"
+    assert req.logprob.output_token_logprobs_idx == [4, 4, 4, 7]
+
+
+# ---------------------------------------------------------------- verify_due
+
+
+@pytest.fixture
+def rounds(monkeypatch):
+    """Replaces the passes: every job of a round is accepted as it is."""
+    seen = []
+
+    def run_round(rt, scheduler, batch, reqs, overlap=False):
+        seen.append(([r.rid for r in reqs], overlap))
+        for req in reqs:
+            decision = decide(req.state, req.output_ids, [1] * W, skip_compare=True)
+            req.state.apply(decision)
+
+    monkeypatch.setattr(verify_passes, "run_round", run_round)
+    return seen
+
+
+def _batch(*reqs):
+    return SimpleNamespace(reqs=list(reqs), return_logprob=False)
+
+
+def test_a_lone_full_window_waits_for_a_mate_then_runs_when_its_wait_is_up(rt, rounds):
+    full, short = Req("full", [4] * 5, 1), Req("short", [4] * 3, 1)
+    hooks_verify.verify_due(rt, rt.scheduler, _batch(full, short))
+    assert rounds == [] and full.state.ready_since_step == 10, "1 row of B = 2: it waits"
+    assert short.state.ready_since_step is None, "not ready: not stamped"
+    rt.decode_step = 12  # max verify wait 2
+    hooks_verify.verify_due(rt, rt.scheduler, _batch(full, short))
+    assert rounds == [(["full"], False)] and rt.scheduler.streamed == [[full]]
+    assert full.state.ready_since_step is None and full.state.num_verified_tokens == 5
+
+
+def test_a_full_pass_and_a_finish_run_at_once(rt, rounds):
+    a, b = Req("a", [4] * 5, 1), Req("b", [4] * 5, 1)
+    hooks_verify.verify_due(rt, rt.scheduler, _batch(a, b))
+    assert rounds == [(["a", "b"], False)], "two rows fill B = 2: no reason to wait"
+    c = Req("c", [4, 4], 1)
+    c.output_ids.append(EOS)
+    c.update_finish_state()
+    hooks_verify.verify_due(rt, rt.scheduler, _batch(a, b, c))
+    assert rounds[1] == (["c"], False), "a finish waits on it: urgent"
+
+
+def test_a_result_in_flight_is_processed_before_the_round(rt, rounds, monkeypatch):
+    rt.scheduler.enable_overlap = True
+    a, b = Req("a", [4] * 5, 1), Req("b", [4] * 5, 1)
+    drained = []
+
+    def drain(scheduler):  # the in-flight step appended a candidate to each
+        drained.append(True)
+        for req in (a, b):
+            req.output_ids.append(4)
+            req.state.append_candidates(1)
+        rt.scheduler.result_queue[0] = (None, in_flight.DRAINED)
+
+    rt.scheduler.result_queue = [(None, object())]
+    monkeypatch.setattr(in_flight, "drain", drain)
+    hooks_verify.verify_due(rt, rt.scheduler, _batch(a, b))
+    assert drained == [True] and rounds == [(["a", "b"], False)]
+    assert a.state.num_verified_tokens == 5 and a.state.num_output_tokens == 6
+
+
+def test_overlap_verify_runs_fixed_ranges_while_the_result_is_in_flight(rt, rounds):
+    rt.config = Llm42Config(window_size=W, verify_batch_size=2, max_verify_wait=2,
+                            overlap_verify=True)
+    rt.scheduler.enable_overlap = True
+    rt.scheduler.result_queue = [(None, object())]
+    a, b = Req("a", [4] * 5, 1), Req("b", [4] * 5, 1)
+    hooks_verify.verify_due(rt, rt.scheduler, _batch(a, b))
+    assert rounds == [(["a", "b"], True)], "full windows: the passes may go first"
+
+
+def test_a_pass_cap_runs_one_round_per_step(rt, rounds):
+    rt.config = Llm42Config(window_size=W, verify_batch_size=1, max_verify_wait=0,
+                            max_passes_per_step=1)
+    reqs = [Req(f"r{i}", [4] * 9, 1) for i in range(2)]  # two full windows each
+    hooks_verify.verify_due(rt, rt.scheduler, _batch(*reqs))
+    assert rounds == [(["r0"], False)], "one pass this step; r1 waits its turn"
