@@ -21,9 +21,11 @@ PROMPTS = [
 
 def generate(url: str, text, *, det: bool | None = True, max_new_tokens: int = 24,
              temperature: float = 0.0, seed: int | None = None, stream: bool = False,
-             extra: dict | None = None, timeout: float = 300):
+             ignore_eos: bool = False, extra: dict | None = None, timeout: float = 300):
     """Native /generate; returns (token_ids, logprobs, meta_info) per prompt."""
     sp = {"temperature": temperature, "max_new_tokens": max_new_tokens}
+    if ignore_eos:
+        sp["ignore_eos"] = True
     if det is not None:
         sp["is_deterministic"] = det
     if seed is not None:
@@ -45,6 +47,15 @@ def generate(url: str, text, *, det: bool | None = True, max_new_tokens: int = 2
     if isinstance(out, list):
         return [_unpack(o, o["output_ids"]) for o in out]
     return _unpack(out, out["output_ids"])
+
+
+def det_request(url: str, prompt: str | list[int], max_new_tokens: int, **kw):
+    """One deterministic request of `max_new_tokens`; `prompt` is a text or token ids; the other
+    keywords as `generate`'s."""
+    if isinstance(prompt, list):
+        kw["extra"] = {"input_ids": prompt, **kw.get("extra", {})}
+        prompt = None
+    return generate(url, prompt, det=True, max_new_tokens=max_new_tokens, **kw)
 
 
 def _unpack(out: dict, ids):

@@ -54,9 +54,9 @@ class SimRequest:
         is_finished = self.output_ids[-1] == EOS or len(self.output_ids) >= self.max_tokens
         if is_finished:
             self.state.mark_finishing()
-        else:
-            self.state.clear_finishing()
-        self.is_done = is_finished and self.state.is_fully_verified
+        else:  # a rollback that dropped the finishing token cleared the flag with it
+            assert not self.state.is_finishing, f"{self.state.rid}: finishing without a finish"
+        self.is_done = is_finished and self.state.num_candidate_tokens == 0
 
 
 def make_request(index: int, rng: random.Random, window_size: int,
@@ -173,7 +173,8 @@ def simulate(
         for verify_pass in plan_passes(rows, batch_size, window_size):
             stats.observe_pass(verify_pass.num_real_rows, verify_pass.num_pad_rows, 0.0)
             verifier_rows = fake_verifier(verify_pass, requests)
-            for row, verifier_ids in zip(verify_pass.real_rows, verifier_rows, strict=False):
+            real_rows = verify_pass.rows[: verify_pass.num_real_rows]
+            for row, verifier_ids in zip(real_rows, verifier_rows, strict=False):
                 if row.sample_from == row.num_real:
                     continue  # a leading prompt row: decides nothing
                 request = requests[row.rid.split("/")[0]]

@@ -75,11 +75,6 @@ class DetRequestState:
         return self.num_output_tokens - self.num_verified_tokens
 
     @property
-    def is_fully_verified(self) -> bool:
-        """True when every output token is verified (a finishing request may then finish)."""
-        return self.num_candidate_tokens == 0
-
-    @property
     def is_prompt_pending(self) -> bool:
         """The prompt pass has not run yet: o_0 (when it exists) is a candidate."""
         return self.verify_prompt and self.num_verified_tokens == 0
@@ -139,10 +134,6 @@ class DetRequestState:
         """Absolute positions [P + kW, P + kW + W) of all W row entries, padding included."""
         return list(range(self.prefix_len, self.prefix_len + self.window_size))
 
-    def row_input_indices(self) -> list[int]:
-        """Output indices [kW, kW + num_real) whose tokens are the row's real inputs."""
-        return list(range(self.window_start, self.window_start + self.num_real_entries))
-
     # ------------------------------------------------------------------ events
 
     def on_first_token(self) -> None:
@@ -172,10 +163,6 @@ class DetRequestState:
     def mark_finishing(self) -> None:
         """EOS / stop / max tokens seen: verify the partial window instead of waiting for W."""
         self.is_finishing = True
-
-    def clear_finishing(self) -> None:
-        """The finishing token was rolled back or dropped: decode on."""
-        self.is_finishing = False
 
     def apply(self, decision: VerifyDecision) -> None:
         """Apply a verification result computed by ``decide()`` for this very state.

@@ -18,9 +18,9 @@ from llm42.core.stats import Llm42Stats
 from llm42.sglang.scheduler_hooks import META_KEYS, MODE_KEY, RESET_KEY
 from llm42.sglang.server_args import config_from_server_args
 
-# Counters (Llm42Stats' keys, and per-rank KV) are summed over ranks; every other key is a
-# setting, identical on every rank, and kept as it is.
-_COUNTERS = set(Llm42Stats().snapshot()) | {"reserved_kv_tokens"}
+# Counters (Llm42Stats' keys) are summed over ranks; every other key is a setting, identical on
+# every rank, and kept as it is.
+_COUNTERS = set(Llm42Stats().snapshot())
 
 
 def merge_snapshots(snapshots: list[dict]) -> dict:

@@ -91,8 +91,6 @@ class Llm42Runtime:
             benchmark_modes=self.config.benchmark_modes,
             benchmark_mode_refusal=self.mode_refusal,
             timeline=timeline_path(),
-            # Dummy rows reuse SGLang's reserved padding row 0 / slot 0: no extra KV.
-            reserved_kv_tokens=0,
         )
         return snap
 
