@@ -39,6 +39,7 @@ from benchmarks.request_funcs import (
     make_session,
     send_request,
 )
+from benchmarks.server_state import json_of, llm42_stats
 from benchmarks.workloads import (
     DatasetRow,
     dataset_source,
@@ -120,14 +121,6 @@ def choose_deterministic(num_requests: int, ratio: float, seed: int) -> list[boo
     k = 0 if ratio == 0 else min(num_requests, max(1, round(ratio * num_requests)))
     chosen = set(random.Random(f"llm42-det-{seed}").sample(range(num_requests), k))
     return [i in chosen for i in range(num_requests)]
-
-
-def _get_json(url: str, timeout: float = 30) -> dict | None:
-    try:
-        r = requests.get(url, timeout=timeout)
-        return r.json() if r.status_code == 200 else None
-    except (requests.RequestException, ValueError):
-        return None
 
 
 def _post(url: str, timeout: float = 60) -> bool:
@@ -218,7 +211,7 @@ def print_summary(rec: dict) -> None:
 
 def run(args) -> dict:
     base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
-    model = args.model or (_get_json(base_url + "/get_model_info") or {}).get("model_path")
+    model = args.model or (json_of(base_url + "/get_model_info") or {}).get("model_path")
     if not model:
         raise BenchError(f"no --model given and {base_url}/get_model_info did not "
                          "answer; start the server first or pass --model.")
@@ -226,7 +219,7 @@ def run(args) -> dict:
 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or model)
     rows = load_rows(args, tokenizer)
-    stats = _get_json(base_url + "/llm42_stats")
+    stats = llm42_stats(base_url)
     has_llm42 = bool(stats and stats.get("enabled"))
     if args.deterministic_ratio > 0 and not has_llm42:
         raise BenchError(
@@ -278,7 +271,7 @@ def run(args) -> dict:
                    random_range_ratio=args.random_range_ratio)
     rec.update(summarize(outputs, is_det, prompt_lens=[r.prompt_len for r in rows],
                          duration_s=duration))
-    rec.update(llm42_fields(args, _get_json(base_url + "/llm42_stats") if has_llm42 else None))
+    rec.update(llm42_fields(args, llm42_stats(base_url) if has_llm42 else None))
     rec.update(gpu=env_info.gpu_name(), git_commit=env_info.git_commit(),
                command=shlex.join(getattr(sys, "orig_argv", sys.argv)),
                timestamp=datetime.datetime.now(datetime.timezone.utc).isoformat(),

@@ -54,12 +54,12 @@ class RequestOutput:
     meta: dict = field(default_factory=dict)  # llm42 per-request counters when present
 
 
-def make_session() -> aiohttp.ClientSession:
+def make_session(timeout_s: float = 6 * 3600) -> aiohttp.ClientSession:
     """One session for the whole run. limit=0: aiohttp's default pool of 100 connections would
     silently cap the concurrency; long runs and large cumulative chunks need a generous timeout
-    and read buffer (as sglang's client)."""
+    (`timeout_s` per request) and read buffer (as sglang's client)."""
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                 timeout=aiohttp.ClientTimeout(total=6 * 3600),
+                                 timeout=aiohttp.ClientTimeout(total=timeout_s),
                                  read_bufsize=10 * 1024**2)
 
 

@@ -8,6 +8,8 @@ import time
 import pytest
 import requests
 
+from benchmarks.server_state import is_idle, server_load
+
 WINDOW = 8
 VERIFY_BATCH = 4
 CONTEXT = 1024
@@ -111,19 +113,11 @@ def wait_idle_and_healthy(server, timeout: float = 120.0) -> None:
     the check each time it goes idle, before it sleeps: CPU servers run with --sleep-on-idle.)
     Fails when the server is not idle within `timeout` s: the leak check never ran."""
     deadline = time.monotonic() + timeout
-    last = None
-    while True:
+    while not is_idle(load := server_load(server.url)):  # None: no answer, ask again
         assert server.is_running(), f"SGLang server process died (see {server.log_path})"
-        try:
-            load = requests.get(server.url + "/get_load", timeout=5).json()
-            last = load if isinstance(load, list) else [load]
-            if all(int(x.get("num_reqs", 0)) == 0 for x in last):
-                break
-        except (requests.RequestException, ValueError) as e:  # busy or restarting: ask again
-            last = f"{type(e).__name__}: {e}"
         if time.monotonic() > deadline:
             pytest.fail(f"server {server.url} not idle {timeout:.0f} s after the test, so its "
-                        f"idle leak check never ran (last /get_load: {last}; log: "
+                        f"idle leak check never ran (last load: {load}; log: "
                         f"{server.log_path})")
         time.sleep(0.2)
     time.sleep(0.5)  # idle iterations, each running the leak check
