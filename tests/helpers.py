@@ -7,16 +7,18 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 import requests
 
-PROMPTS = [
-    "The quick brown fox jumps over the lazy dog because",
-    "In a distant galaxy, the ancient robots",
-    "def fibonacci(n):",
-    "Once upon a time there was a small village where",
-    "The capital of France is",
-    "List three reasons why the sky is blue:",
-]
+from benchmarks.soak.plan import DET_PROMPTS
+
+PROMPTS = DET_PROMPTS[:6]  # the soak's deterministic prompts
+
+
+def sampling_cases(seed: int) -> list:
+    """The two ways a deterministic request samples: greedy, and t = 0.8 with `seed`."""
+    return [pytest.param(dict(temperature=0.0), id="greedy"),
+            pytest.param(dict(temperature=0.8, seed=seed), id="t0.8-seeded")]
 
 
 def generate(url: str, text, *, det: bool | None = True, max_new_tokens: int = 24,

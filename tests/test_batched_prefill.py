@@ -22,14 +22,12 @@ from helpers import (
     generate,
     llm42_stats,
     random_ids,
+    sampling_cases,
 )
 
 pytestmark = pytest.mark.server
 
-CASES = [
-    pytest.param(dict(temperature=0.0), id="greedy"),
-    pytest.param(dict(temperature=0.8, seed=99), id="t0.8-seeded"),
-]
+CASES = sampling_cases(seed=99)
 # Longer than one B x W pass: the prompt's rows span several passes.
 LONG_PROMPT = " ".join(PROMPTS) * 2
 

@@ -20,14 +20,12 @@ from helpers import (
     det_request,
     generate,
     llm42_stats,
+    sampling_cases,
 )
 
 pytestmark = pytest.mark.server
 
-CASES = [
-    pytest.param(dict(temperature=0.0), id="greedy"),
-    pytest.param(dict(temperature=0.8, seed=1234), id="t0.8-seeded"),
-]
+CASES = sampling_cases(seed=1234)
 
 
 NEW_TOKENS = 28

@@ -11,15 +11,19 @@ import pytest
 import requests
 
 from conftest import WINDOW, wait_idle_and_healthy
-from helpers import assert_same, background_requests, concurrently, det_request, llm42_stats
+from helpers import (
+    assert_same,
+    background_requests,
+    concurrently,
+    det_request,
+    llm42_stats,
+    sampling_cases,
+)
 from helpers import random_ids as _ids
 
 pytestmark = pytest.mark.server
 
-CASES = [
-    pytest.param(dict(temperature=0.0), id="greedy"),
-    pytest.param(dict(temperature=0.8, seed=5), id="t0.8-seeded"),
-]
+CASES = sampling_cases(seed=5)
 
 
 def _flush(server) -> None:

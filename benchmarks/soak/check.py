@@ -98,30 +98,19 @@ def evaluate(plan: Plan, outcomes: list[Outcome],
             partial = bool((out.output or {}).get("ids") or (out.output or {}).get("text")
                            or (out.output or {}).get("logprobs"))
             f["det_aborted_partial"] += partial
-            if ref is None:
-                out.verdict = "no-reference"
-                continue
-            diff = compare_prefix(ref, out.output)
+            diff = _judge(out, ref, compare_prefix, "prefix-ok", "prefix-mismatch")
             if diff:
-                out.verdict = "prefix-mismatch"
                 failures.append(f"aborted deterministic {out.rid} ({_desc(out)}): {diff}")
-            else:
-                out.verdict = "prefix-ok"
-                f["det_prefix_ok"] += 1
+            f["det_prefix_ok"] += out.verdict == "prefix-ok"
             continue
         f["det_completed"] += 1
         f["native_det_rollbacks"] += out.rollbacks or 0
-        if ref is None:
-            out.verdict = "no-reference"
-            continue
-        diff = compare_full(ref, out.output)
+        diff = _judge(out, ref, compare_full, "identical", "mismatch")
         if diff:
-            out.verdict = "mismatch"
             f["det_mismatched"] += 1
             failures.append(f"deterministic {out.rid} ({_desc(out)}) differs from its solo "
                             f"reference: {diff}")
-        else:
-            out.verdict = "identical"
+        elif out.verdict == "identical":
             f["det_identical"] += 1
             if out.output.get("chat_stream"):
                 dropped, wrong_top = chat_stream_upstream_diffs(ref["logprobs"],
@@ -129,6 +118,17 @@ def evaluate(plan: Plan, outcomes: list[Outcome],
                 f["chat_stream_logprobs_dropped"] += dropped
                 f["chat_stream_top_logprobs_wrong"] += wrong_top
     return f, failures
+
+
+def _judge(out: Outcome, ref: dict | None, compare, same: str, differs: str) -> str | None:
+    """Sets `out.verdict` from `compare(ref, output)` (no reference: nothing to compare with);
+    returns the difference, if any."""
+    if ref is None:
+        out.verdict = "no-reference"
+        return None
+    diff = compare(ref, out.output)
+    out.verdict = differs if diff else same
+    return diff
 
 
 def _sanity(req: PlannedRequest, out: Outcome) -> str | None:

@@ -12,7 +12,7 @@ import time
 
 import aiohttp
 
-from benchmarks.request_funcs import make_session
+from benchmarks.request_funcs import DONE, make_session, sse_payloads
 from benchmarks.soak.plan import DetSpec, PlannedRequest, det_body
 from benchmarks.soak.responses import Assembler, Outcome
 
@@ -47,12 +47,8 @@ async def execute(session: aiohttp.ClientSession, url: str, req: PlannedRequest)
             elif not req.stream:
                 asm.add_body(json.loads(await resp.read()))
             else:
-                async for raw in resp.content:
-                    line = raw.strip()
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
+                async for data in sse_payloads(resp.content):
+                    if data == DONE:
                         out.stream_done = True
                         continue
                     chunk = json.loads(data)

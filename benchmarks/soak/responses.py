@@ -54,26 +54,19 @@ class Assembler:
         if choice.get("finish_reason"):
             self.finish = choice["finish_reason"]
 
-    def add_body(self, out: dict) -> None:
+    def add_body(self, out: dict, stream: bool = False) -> None:
         if self.endpoint == "generate":
             self._native(out)
             return
         for choice in out.get("choices") or []:
-            self._choice(choice, stream=False)
+            self._choice(choice, stream=stream)
         usage = out.get("usage") or {}
         if usage.get("completion_tokens") is not None:
             self.completion_tokens = usage["completion_tokens"]
 
     def add_chunk(self, out: dict) -> None:
         self.streamed = True
-        if self.endpoint == "generate":
-            self._native(out)
-            return
-        for choice in out.get("choices") or []:
-            self._choice(choice, stream=True)
-        usage = out.get("usage") or {}
-        if usage.get("completion_tokens") is not None:
-            self.completion_tokens = usage["completion_tokens"]
+        self.add_body(out, stream=True)
 
     def output(self) -> dict:
         out = {"logprobs": self.logprobs, "completion_tokens": self.completion_tokens,
