@@ -29,6 +29,7 @@ WORDS = ("the of and to in is that for it as was with be by on not this are or f
          "time system model token server batch kernel memory value result engine request "
          "output input layer cache graph python compute matrix vector").split()
 
+
 @dataclass(frozen=True)
 class SoakConfig:
     num_requests: int = 2000
