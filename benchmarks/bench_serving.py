@@ -20,7 +20,6 @@ if __package__ in (None, ""):  # run as a script: import `benchmarks` from the r
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import datetime
 import json
@@ -28,7 +27,6 @@ import random
 import shlex
 import time
 
-import aiohttp
 import numpy as np
 import requests
 
@@ -41,6 +39,7 @@ from benchmarks.request_funcs import (
     make_session,
     send_request,
 )
+from benchmarks.server_state import json_of, llm42_stats
 from benchmarks.workloads import (
     DatasetRow,
     dataset_source,
@@ -127,14 +126,6 @@ def choose_deterministic(num_requests: int, ratio: float, seed: int) -> list[boo
     return [i in chosen for i in range(num_requests)]
 
 
-def _get_json(url: str, timeout: float = 30) -> dict | None:
-    try:
-        r = requests.get(url, timeout=timeout)
-        return r.json() if r.status_code == 200 else None
-    except (requests.RequestException, ValueError):
-        return None
-
-
 def _post(url: str, timeout: float = 60) -> bool:
     try:
         return requests.post(url, timeout=timeout).status_code == 200
@@ -142,22 +133,8 @@ def _post(url: str, timeout: float = 60) -> bool:
         return False
 
 
-async def _poll_peak(session, url: str, key: str, peak: list[int]) -> None:
-    """Track the largest `key` of GET url while the run lasts (a gauge read only at the end of
-    the run would miss it)."""
-    while True:
-        try:
-            async with session.get(url) as r:
-                value = (await r.json()).get(key) if r.status == 200 else None
-            if isinstance(value, int):
-                peak[0] = max(peak[0], value)
-        except (aiohttp.ClientError, ValueError):
-            pass
-        await asyncio.sleep(1.0)
-
-
-async def run_requests(args, base_url: str, inputs: list[RequestInput], *,
-                       peak: list[int] | None = None) -> tuple[list[RequestOutput], float]:
+async def run_requests(args, base_url: str,
+                       inputs: list[RequestInput]) -> tuple[list[RequestOutput], float]:
     from tqdm.asyncio import tqdm
 
     pbar = None if args.disable_tqdm else tqdm(total=len(inputs), desc="requests")
@@ -176,8 +153,6 @@ async def run_requests(args, base_url: str, inputs: list[RequestInput], *,
                 pbar.update(1)
             return out
 
-        poller = None if peak is None else asyncio.create_task(
-            _poll_peak(session, base_url + "/llm42_stats", "reserved_kv_tokens", peak))
         start = time.perf_counter()
         tasks = []
         for i, req in enumerate(inputs):
@@ -186,10 +161,6 @@ async def run_requests(args, base_url: str, inputs: list[RequestInput], *,
                 await asyncio.sleep(float(intervals[i]))
         outputs = await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
-        if poller is not None:
-            poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await poller
     if pbar is not None:
         pbar.close()
     return list(outputs), duration
@@ -209,8 +180,8 @@ def llm42_fields(args, stats: dict | None) -> dict:
            "overlap_schedule": stats.get("overlap_schedule") if enabled else None,
            "batched_prefill": stats.get("batched_prefill") if enabled else None,
            "llm42_enabled": enabled, "llm42_stats": stats if enabled else None}
-    for key in ("recompute_pct", "rollbacks", "verify_passes", "reserved_kv_tokens",
-                "tokens_rolled_back", "verified_tokens", "det_requests_finished"):
+    for key in ("recompute_pct", "rollbacks", "verify_passes", "tokens_rolled_back",
+                "verified_tokens", "det_requests_finished"):
         rec[key] = stats.get(key) if enabled else None
     return rec
 
@@ -234,8 +205,7 @@ def print_summary(rec: dict) -> None:
         lines.append(f"{lat.upper():<16}{cells}")
     if rec.get("llm42_enabled"):
         lines.append(f"llm42: verify_passes={rec['verify_passes']} rollbacks={rec['rollbacks']} "
-                     f"recompute_pct={rec['recompute_pct']:.3f} "
-                     f"reserved_kv_tokens={rec['reserved_kv_tokens']}")
+                     f"recompute_pct={rec['recompute_pct']:.3f}")
     if rec.get("errors"):
         lines.append(f"errors ({rec['failed']} failed): {rec['errors'][0][:200]}")
     lines.append("=" * 56)
@@ -244,7 +214,7 @@ def print_summary(rec: dict) -> None:
 
 def run(args) -> dict:
     base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
-    model = args.model or (_get_json(base_url + "/get_model_info") or {}).get("model_path")
+    model = args.model or (json_of(base_url + "/get_model_info") or {}).get("model_path")
     if not model:
         raise BenchError(f"no --model given and {base_url}/get_model_info did not "
                          "answer; start the server first or pass --model.")
@@ -252,7 +222,7 @@ def run(args) -> dict:
 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or model)
     rows = load_rows(args, tokenizer)
-    stats = _get_json(base_url + "/llm42_stats")
+    stats = llm42_stats(base_url)
     has_llm42 = bool(stats and stats.get("enabled"))
     if args.deterministic_ratio > 0 and not has_llm42:
         raise BenchError(
@@ -292,8 +262,7 @@ def run(args) -> dict:
             base_url + "/reset_llm42_stats"):
         print("warning: POST /reset_llm42_stats failed; llm42 counters include earlier work")
 
-    peak = [0] if has_llm42 else None
-    outputs, duration = asyncio.run(run_requests(args, base_url, inputs, peak=peak))
+    outputs, duration = asyncio.run(run_requests(args, base_url, inputs))
     rec = {"dataset": args.dataset_name,
            "dataset_source": dataset_source(args.dataset_name, args.dataset_path),
            "backend": args.backend, "model": model, "config": args.config_label,
@@ -309,10 +278,7 @@ def run(args) -> dict:
                    random_range_ratio=args.random_range_ratio)
     rec.update(summarize(outputs, is_det, prompt_lens=[r.prompt_len for r in rows],
                          duration_s=duration))
-    rec.update(llm42_fields(args, _get_json(base_url + "/llm42_stats") if has_llm42 else None))
-    if peak is not None and rec["reserved_kv_tokens"] is not None:
-        # the peak seen while running (polled each second), not the idle value at the end
-        rec["reserved_kv_tokens"] = max(rec["reserved_kv_tokens"], peak[0])
+    rec.update(llm42_fields(args, llm42_stats(base_url) if has_llm42 else None))
     rec.update(gpu=env_info.gpu_name(), git_commit=env_info.git_commit(),
                command=shlex.join(getattr(sys, "orig_argv", sys.argv)),
                timestamp=datetime.datetime.now(datetime.timezone.utc).isoformat(),

@@ -35,10 +35,11 @@ import time
 from dataclasses import dataclass
 
 import aiohttp
-import requests
 
 from benchmarks import env_info
 from benchmarks.proof_compare import RequestReport, compare_repetitions, expectation_holds
+from benchmarks.request_funcs import make_session
+from benchmarks.server_state import json_of, llm42_stats
 
 PROMPTS = [
     ("Explain how a large language model inference server schedules requests and batches the "
@@ -125,9 +126,7 @@ def _sample(out: dict) -> tuple[list[int], list[float], dict]:
 
 async def run_trial(url: str, reqs: list[DetRequest], background: int, rng: random.Random,
                     args, send_flag: bool) -> list[tuple[list[int], list[float], dict]]:
-    timeout = aiohttp.ClientTimeout(total=args.request_timeout)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout,
-                                     read_bufsize=10 * 1024**2) as session:
+    async with make_session(args.request_timeout) as session:
         bodies = [det_body(r, args.max_new_tokens, send_flag) for r in reqs]
         if background == 0:  # alone: one request at a time, nothing else on the server
             return [_sample(await _post(session, url, b)) for b in bodies]
@@ -255,15 +254,14 @@ def main(argv: list[str] | None = None) -> int:
             url = server.url
             with open(out / "commands.txt", "a", encoding="utf-8") as f:
                 f.write(shlex.join(server.args) + "\n")
-        model = model or (requests.get(url + "/get_model_info", timeout=30).json()
-                          .get("model_path"))
-        stats = _stats(url)
+        model = model or (json_of(url + "/get_model_info") or {}).get("model_path")
+        stats = llm42_stats(url)
         if "llm42" in modes and not (stats or {}).get("enabled"):
             print(f"error: --mode llm42 needs a server started with --enable-llm42; "
                   f"{url}/llm42_stats says {stats}.", file=sys.stderr)
             return 1
         runs = [run_mode(url, mode, args) for mode in modes]
-        stats_after = _stats(url)
+        stats_after = llm42_stats(url)
     result = {"timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),
               "command": shlex.join(getattr(sys, "orig_argv", sys.argv)), "url": url,
               "model": model, "server_args": shlex.join(server_args) if args.launch else None,
@@ -277,14 +275,6 @@ def main(argv: list[str] | None = None) -> int:
     (out / "proof.md").write_text(markdown(result))
     print(markdown(result))
     return 0 if result["all_expectations_hold"] else 1
-
-
-def _stats(url: str) -> dict | None:
-    try:
-        r = requests.get(url + "/llm42_stats", timeout=30)
-        return r.json() if r.status_code == 200 else None
-    except (requests.RequestException, ValueError):
-        return None
 
 
 if __name__ == "__main__":

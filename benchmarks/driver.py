@@ -333,7 +333,7 @@ class Driver:
                        "max_concurrency": int(opts["--max-concurrency"]) if (
                            "--max-concurrency" in opts) else None,
                        **empty_summary(), "recompute_pct": None, "rollbacks": None,
-                       "verify_passes": None, "reserved_kv_tokens": None,
+                       "verify_passes": None,
                        "gpu": env_info.gpu_name(), "git_commit": env_info.git_commit(),
                        "command": command,
                        "server_args": shlex.join(self.server_args_of(cfg)),

@@ -1,4 +1,4 @@
-"""Facts recorded with every result: accelerator name, git commit, JSONL appends.
+"""Facts recorded with every result: accelerator and CPU names, git commit, JSONL appends.
 
     rec.update(gpu=gpu_name(), git_commit=git_commit())
     append_jsonl("results.jsonl", rec)
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 from pathlib import Path
 
@@ -35,6 +36,26 @@ def gpu_name() -> str:
     except Exception:  # noqa: BLE001, S110 - any torch/CUDA failure means no usable GPU here
         pass
     return "cpu"
+
+
+def cpu_model() -> str:
+    """"AMD EPYC (2 CPUs)": CPU runs are slow and their speed depends on the host."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=20, check=False)
+        for line in out.stdout.splitlines():
+            if line.startswith("Model name:"):
+                return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} CPUs)"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return f"{platform.processor() or platform.machine()} ({os.cpu_count()} CPUs)"
+
+
+def host_load_avg() -> float | None:
+    """The host's 1-minute load average: other processes slow a CPU run down."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
 
 
 def git_commit() -> str | None:

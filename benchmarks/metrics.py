@@ -32,7 +32,7 @@ REQUIRED_KEYS: dict[str, tuple[type, ...]] = {
     "input_throughput": (float, int, type(None)), "output_throughput": (float, int, type(None)),
     "total_throughput": (float, int, type(None)), "recompute_pct": (float, int, type(None)),
     "rollbacks": (int, type(None)), "verify_passes": (int, type(None)),
-    "reserved_kv_tokens": (int, type(None)), "gpu": (str,), "git_commit": (str, type(None)),
+    "gpu": (str,), "git_commit": (str, type(None)),
     "command": (str,), "timestamp": (str,), "skipped": (bool,),
     "skip_reason": (str, type(None)),
 }

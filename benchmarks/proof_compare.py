@@ -2,6 +2,7 @@
 
     rep = compare_repetitions([(ids_1, lps_1), (ids_2, lps_2), ...])
     rep.identical, rep.first_divergence, rep.max_abs_logprob_diff
+    bits(ref_logprobs) == bits(got_logprobs)   # any nesting of lists, dicts and floats
 
 Positions are 0-based output positions. Log-probs are compared by their IEEE-754 bits (so -0.0
 differs from 0.0, and NaN equals a NaN of the same bits); JSON carries a server's float exactly
@@ -18,8 +19,16 @@ from dataclasses import dataclass
 Sample = tuple[Sequence[int], Sequence[float]]  # (output token ids, their log-probs)
 
 
-def _bits(x: float) -> bytes:
-    return struct.pack("<d", x)
+def bits(value):
+    """Floats as their IEEE-754 bits (so -0.0 != 0.0 and NaN == NaN), recursively through
+    lists, tuples and dicts; anything else as it is."""
+    if isinstance(value, float):
+        return "f" + struct.pack(">d", value).hex()
+    if isinstance(value, dict):
+        return {k: bits(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [bits(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True)
@@ -47,7 +56,7 @@ def compare_pair(ref: Sample, got: Sample) -> PairDiff:
     token_div = next((i for i, (a, b) in enumerate(zip(ref_ids, got_ids)) if a != b), None)
     if token_div is None and len(ref_ids) != len(got_ids):
         token_div = min(len(ref_ids), len(got_ids))
-    lp_div = next((i for i, (a, b) in enumerate(zip(ref_lps, got_lps)) if _bits(a) != _bits(b)),
+    lp_div = next((i for i, (a, b) in enumerate(zip(ref_lps, got_lps)) if bits(a) != bits(b)),
                   None)
     if lp_div is None and len(ref_lps) != len(got_lps):
         lp_div = min(len(ref_lps), len(got_lps))

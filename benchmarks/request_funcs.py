@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 import traceback
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -55,12 +56,12 @@ class RequestOutput:
     meta: dict = field(default_factory=dict)  # llm42 per-request counters when present
 
 
-def make_session() -> aiohttp.ClientSession:
+def make_session(timeout_s: float = 6 * 3600) -> aiohttp.ClientSession:
     """One session for the whole run. limit=0: aiohttp's default pool of 100 connections would
     silently cap the concurrency; long runs and large cumulative chunks need a generous timeout
-    and read buffer (as sglang's client)."""
+    (`timeout_s` per request) and read buffer (as sglang's client)."""
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                 timeout=aiohttp.ClientTimeout(total=6 * 3600),
+                                 timeout=aiohttp.ClientTimeout(total=timeout_s),
                                  read_bufsize=10 * 1024**2)
 
 
@@ -133,6 +134,17 @@ class _Timer:
         self.last_time, self.last_tokens = now, num_tokens
 
 
+DONE = b"[DONE]"  # the payload that ends an OpenAI-style stream
+
+
+async def sse_payloads(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """The payloads of a server-sent event stream's `data:` lines, `DONE` included."""
+    async for raw in content:
+        line = raw.strip()
+        if line.startswith(b"data:"):
+            yield line[5:].strip()
+
+
 async def send_request(session: aiohttp.ClientSession, backend: str, base_url: str,
                        req: RequestInput) -> RequestOutput:
     out = RequestOutput(output_len=0)
@@ -145,12 +157,8 @@ async def send_request(session: aiohttp.ClientSession, backend: str, base_url: s
             if response.status != 200:
                 out.error = f"HTTP {response.status}: {(await response.text())[:2000]}"
                 return out
-            async for raw in response.content:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                body = line[5:].strip()
-                if body == b"[DONE]":
+            async for body in sse_payloads(response.content):
+                if body == DONE:
                     continue
                 data = _loads(body)
                 if "error" in data:

@@ -8,6 +8,8 @@ import time
 import pytest
 import requests
 
+from benchmarks.server_state import is_idle, server_load
+
 WINDOW = 8
 VERIFY_BATCH = 4
 CONTEXT = 1024
@@ -105,24 +107,23 @@ def plain_server(tiny_model, tmp_path_factory):
     server.stop()
 
 
-def wait_idle_and_healthy(server, timeout: float = 60.0) -> None:
+def wait_idle_and_healthy(server, timeout: float = 120.0) -> None:
     """SGLang's strict idle leak check kills the scheduler on a leaked KV slot or request row;
     so a server that is idle and still answers /health has leaked nothing. (The scheduler runs
-    the check each time it goes idle, before it sleeps: CPU servers run with --sleep-on-idle.)"""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            load = requests.get(server.url + "/get_load", timeout=5).json()
-            loads = load if isinstance(load, list) else [load]
-            if all(int(x.get("num_reqs", 0)) == 0 for x in loads):
-                break
-        except Exception:
-            pass
+    the check each time it goes idle, before it sleeps: CPU servers run with --sleep-on-idle.)
+    Fails when the server is not idle within `timeout` s: the leak check never ran."""
+    deadline = time.monotonic() + timeout
+    while not is_idle(load := server_load(server.url)):  # None: no answer, ask again
+        assert server.is_running(), f"SGLang server process died (see {server.log_path})"
+        if time.monotonic() > deadline:
+            pytest.fail(f"server {server.url} not idle {timeout:.0f} s after the test, so its "
+                        f"idle leak check never ran (last load: {load}; log: "
+                        f"{server.log_path})")
         time.sleep(0.2)
     time.sleep(0.5)  # idle iterations, each running the leak check
     r = requests.get(server.url + "/health", timeout=10)
     assert r.status_code == 200, f"server unhealthy after test (leak check?): {r.status_code}"
-    assert server.is_running(), "SGLang server process died (see its log)"
+    assert server.is_running(), f"SGLang server process died (see {server.log_path})"
 
 
 @pytest.fixture(autouse=True)

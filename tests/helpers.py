@@ -7,24 +7,29 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 import requests
 
-PROMPTS = [
-    "The quick brown fox jumps over the lazy dog because",
-    "In a distant galaxy, the ancient robots",
-    "def fibonacci(n):",
-    "Once upon a time there was a small village where",
-    "The capital of France is",
-    "List three reasons why the sky is blue:",
-]
+from benchmarks.soak.plan import DET_PROMPTS
+
+PROMPTS = DET_PROMPTS[:6]  # the soak's deterministic prompts
+
+
+def sampling_cases(seed: int) -> list:
+    """The two ways a deterministic request samples: greedy, and t = 0.8 with `seed`."""
+    return [pytest.param(dict(temperature=0.0), id="greedy"),
+            pytest.param(dict(temperature=0.8, seed=seed), id="t0.8-seeded")]
 
 
 def generate(url: str, text, *, det: bool | None = True, max_new_tokens: int = 24,
              temperature: float = 0.0, seed: int | None = None, stream: bool = False,
-             extra: dict | None = None, sampling: dict | None = None, timeout: float = 300):
+             ignore_eos: bool = False, extra: dict | None = None, sampling: dict | None = None,
+             timeout: float = 300):
     """Native /generate; returns (token_ids, logprobs, meta_info) per prompt. `sampling` adds
     sampling_params (top_p, top_k, min_p, ...)."""
     sp = {"temperature": temperature, "max_new_tokens": max_new_tokens, **(sampling or {})}
+    if ignore_eos:
+        sp["ignore_eos"] = True
     if det is not None:
         sp["is_deterministic"] = det
     if seed is not None:
@@ -46,6 +51,15 @@ def generate(url: str, text, *, det: bool | None = True, max_new_tokens: int = 2
     if isinstance(out, list):
         return [_unpack(o, o["output_ids"]) for o in out]
     return _unpack(out, out["output_ids"])
+
+
+def det_request(url: str, prompt: str | list[int], max_new_tokens: int, **kw):
+    """One deterministic request of `max_new_tokens`; `prompt` is a text or token ids; the other
+    keywords as `generate`'s."""
+    if isinstance(prompt, list):
+        kw["extra"] = {"input_ids": prompt, **kw.get("extra", {})}
+        prompt = None
+    return generate(url, prompt, det=True, max_new_tokens=max_new_tokens, **kw)
 
 
 def _unpack(out: dict, ids):

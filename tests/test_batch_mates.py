@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from helpers import PROMPTS, generate, llm42_stats
+from helpers import PROMPTS, det_request, generate, llm42_stats
 
 pytestmark = pytest.mark.server
 
@@ -29,10 +29,7 @@ def _num_reqs(url) -> int:
     return sum(int(x.get("num_reqs", 0)) for x in (load if isinstance(load, list) else [load]))
 
 
-def _det(url):
-    return generate(url, PROMPT, det=True, extra={"sampling_params": {
-        "max_new_tokens": DET_TOKENS, "ignore_eos": True, "temperature": 0.8,
-        "sampling_seed": 1234, "is_deterministic": True}})
+DET_CASE = dict(ignore_eos=True, temperature=0.8, seed=1234)
 
 
 def _mate(url, i: int, **sampling):
@@ -49,7 +46,7 @@ def _det_among(url, mates: list[dict]):
         while _num_reqs(url) < len(mates):  # the mates are in before the det request
             assert time.time() < deadline, "mates never reached the scheduler"
             time.sleep(0.01)
-        out = _det(url)
+        out = det_request(url, PROMPT, DET_TOKENS, **DET_CASE)
         assert not any(f.done() for f in futures), "mates finished first: not co-batched"
         for i, f in enumerate(futures):
             requests.post(url + "/abort_request", json={"rid": f"mate-{i}"}, timeout=60)
@@ -61,7 +58,7 @@ def _det_among(url, mates: list[dict]):
 
 def test_seeded_request_next_to_greedy_and_top_p_rows(llm42_server):
     url = llm42_server.url
-    solo = _det(url)
+    solo = det_request(url, PROMPT, DET_TOKENS, **DET_CASE)
     # baseline: same batch size, mates of the deterministic request's own kind (plain t=0.8)
     plain = [{"temperature": 0.8, "sampling_seed": 5}, {"temperature": 0.8, "sampling_seed": 6}]
     base, base_rollbacks = _det_among(url, plain)

@@ -18,23 +18,18 @@ from helpers import (
     assert_same,
     background_requests,
     concurrently,
+    det_request,
     generate,
     llm42_stats,
     random_ids,
+    sampling_cases,
 )
 
 pytestmark = pytest.mark.server
 
-CASES = [
-    pytest.param(dict(temperature=0.0), id="greedy"),
-    pytest.param(dict(temperature=0.8, seed=99), id="t0.8-seeded"),
-]
+CASES = sampling_cases(seed=99)
 # Longer than one B x W pass: the prompt's rows span several passes.
 LONG_PROMPT = " ".join(PROMPTS) * 2
-
-
-def _det(url, prompt, n=20, **case):
-    return generate(url, prompt, det=True, max_new_tokens=n, **case)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -42,13 +37,14 @@ def test_alone_concurrent_batched_identical(batched_server, case):
     url = batched_server.url
     prompts = PROMPTS + [LONG_PROMPT]
     before = llm42_stats(url)
-    refs = [_det(url, p, **case) for p in prompts]
+    refs = [det_request(url, p, 20, **case) for p in prompts]
     loaded = concurrently(
-        [lambda p=p: _det(url, p, **case) for p in prompts] + background_requests(url, 24)
+        [lambda p=p: det_request(url, p, 20, **case) for p in prompts]
+        + background_requests(url, 24)
     )[: len(prompts)]
     batched = generate(url, prompts, det=True, max_new_tokens=20, **case)
     streamed = concurrently(  # streams must never carry o_0 before its prompt pass
-        [lambda p=p: _det(url, p, stream=True, **case) for p in prompts[:3]]
+        [lambda p=p: det_request(url, p, 20, stream=True, **case) for p in prompts[:3]]
         + background_requests(url, 8))[:3]
     for p, ref, got, bat in zip(prompts, refs, loaded, batched):
         assert_same(ref, got, f"concurrent {p[:30]!r}")
@@ -77,9 +73,10 @@ def test_prompt_spans_passes_and_short_outputs(batched_server):
     url = batched_server.url
     assert len(LONG_PROMPT.split()) > VERIFY_BATCH * WINDOW
     for n in (1, 2, 9):
-        ref = _det(url, LONG_PROMPT, n=n)
+        ref = det_request(url, LONG_PROMPT, n)
         assert len(ref[0]) == n == len(ref[1])
-        got = concurrently([lambda: _det(url, LONG_PROMPT, n=n)] + background_requests(url, 8))[0]
+        got = concurrently([lambda: det_request(url, LONG_PROMPT, n)]
+                           + background_requests(url, 8))[0]
         assert_same(ref, got, f"{n} tokens")
 
 
@@ -138,9 +135,9 @@ def test_long_prompts_prefill_alone_short_ones_share_batches(batched_server):
     after = llm42_stats(url)
     assert after["steps_det_prefill"] == mid["steps_det_prefill"], "one token short: batched"
     assert after["prompt_rows"] >= mid["prompt_rows"] + -(-len(below_ids) // WINDOW), after
-    ref_short = _det(url, PROMPTS[0], n=12)
+    ref_short = det_request(url, PROMPTS[0], 12)
     outs = concurrently([lambda: run(long_ids), lambda: run(below_ids),
-                         lambda: _det(url, PROMPTS[0], n=12)] + background_requests(url, 8))
+                         lambda: det_request(url, PROMPTS[0], 12)] + background_requests(url, 8))
     for ref, got, what in zip((ref_long, ref_below, ref_short), outs, ("long", "below", "short")):
         assert_same(ref, got, f"{what} prompt under load")
 
@@ -150,10 +147,10 @@ def test_abort_all_mid_prompt_pass_leaks_nothing(batched_server):
     import time
 
     url = batched_server.url
-    ref = _det(url, PROMPTS[3], n=16)
+    ref = det_request(url, PROMPTS[3], 16)
 
     def one(i):
-        return _det(url, PROMPTS[3], n=16)
+        return det_request(url, PROMPTS[3], 16)
 
     def abort_all():
         time.sleep(0.3)
@@ -164,4 +161,4 @@ def test_abort_all_mid_prompt_pass_leaks_nothing(batched_server):
     for out in outs:  # an aborted request publishes a verified prefix
         assert_prefix(ref, out, "aborted")
     wait_idle_and_healthy(batched_server)
-    assert_same(ref, _det(url, PROMPTS[3], n=16), "after abort_all")
+    assert_same(ref, det_request(url, PROMPTS[3], 16), "after abort_all")

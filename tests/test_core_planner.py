@@ -36,7 +36,7 @@ def make_state(rid: str, window_size: int, u: int, n: int, finishing: bool = Fal
 def assert_pass_shape(verify_pass: VerifyPass, batch_size: int, window_size: int) -> None:
     assert len(verify_pass.rows) == batch_size, f"expected {batch_size} rows"
     assert len(verify_pass.flat_input_ids) == batch_size * window_size, "input ids not B x W"
-    assert len(verify_pass.flat_positions) == batch_size * window_size, "positions not B x W"
+    assert all(len(row.positions) == window_size for row in verify_pass.rows), "not B x W"
     for row in verify_pass.rows[verify_pass.num_real_rows :]:
         assert row.is_pad and row.num_real == 0 and row.prefix_len == 0, f"bad pad row {row}"
         assert row.input_ids == (PAD_TOKEN_ID,) * window_size
@@ -94,7 +94,7 @@ def test_plan_passes(args, expected) -> None:
     for verify_pass in passes:
         assert_pass_shape(verify_pass, batch_size, window_size)
         assert verify_pass.num_pad_rows == batch_size - verify_pass.num_real_rows
-    planned = [row.rid for p in passes for row in p.real_rows]
+    planned = [row.rid for p in passes for row in p.rows if not row.is_pad]
     assert planned == [row.rid for row in rows], "rows must keep their order"
 
 
@@ -102,7 +102,7 @@ def test_flat_lists_are_row_major() -> None:
     row = build_row(*make_state("a", 2, 1, 3))
     (verify_pass,) = plan_passes([row], batch_size=2, window_size=2)
     assert verify_pass.flat_input_ids == [100, 101, PAD_TOKEN_ID, PAD_TOKEN_ID]
-    assert verify_pass.flat_positions == [P, P + 1, 0, 1]
+    assert [row.positions for row in verify_pass.rows] == [(P, P + 1), (0, 1)]
 
 
 def test_plan_misuse_raises() -> None:

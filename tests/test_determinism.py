@@ -12,18 +12,23 @@ import json
 import pytest
 import requests
 
-from helpers import PROMPTS, assert_same, background_requests, concurrently, generate, llm42_stats
+from helpers import (
+    PROMPTS,
+    assert_same,
+    background_requests,
+    concurrently,
+    det_request,
+    generate,
+    llm42_stats,
+    sampling_cases,
+)
 
 pytestmark = pytest.mark.server
 
-CASES = [
-    pytest.param(dict(temperature=0.0), id="greedy"),
-    pytest.param(dict(temperature=0.8, seed=1234), id="t0.8-seeded"),
-]
+CASES = sampling_cases(seed=1234)
 
 
-def _det(url, prompt, **kw):
-    return generate(url, prompt, det=True, max_new_tokens=kw.pop("max_new_tokens", 28), **kw)
+NEW_TOKENS = 28
 
 
 
@@ -31,14 +36,15 @@ def _det(url, prompt, **kw):
 @pytest.mark.parametrize("case", CASES)
 def test_alone_vs_concurrent_vs_batched(llm42_server, case):
     url = llm42_server.url
-    refs = [_det(url, p, **case) for p in PROMPTS]
-    again = [_det(url, p, **case) for p in PROMPTS]
+    refs = [det_request(url, p, NEW_TOKENS, **case) for p in PROMPTS]
+    again = [det_request(url, p, NEW_TOKENS, **case) for p in PROMPTS]
     for p, r, a in zip(PROMPTS, refs, again):
         assert_same(r, a, f"repeat {p!r}")
     # the same requests among 30 normal requests of mixed lengths
     before = llm42_stats(url)
     loaded = concurrently(
-        [lambda p=p: _det(url, p, **case) for p in PROMPTS] + background_requests(url, 30)
+        [lambda p=p: det_request(url, p, NEW_TOKENS, **case) for p in PROMPTS]
+        + background_requests(url, 30)
     )[: len(PROMPTS)]
     for p, r, got in zip(PROMPTS, refs, loaded):
         assert_same(r, got, f"concurrent {p!r}")
@@ -58,9 +64,10 @@ def test_alone_vs_concurrent_vs_batched(llm42_server, case):
 def test_streaming_matches_non_streaming(llm42_server, case):
     url = llm42_server.url
     for p in PROMPTS[:3]:
-        ref = _det(url, p, **case)
+        ref = det_request(url, p, NEW_TOKENS, **case)
         got = concurrently(
-            [lambda: _det(url, p, stream=True, **case)] + background_requests(url, 12)
+            [lambda: det_request(url, p, NEW_TOKENS, stream=True, **case)]
+            + background_requests(url, 12)
         )[0]
         assert_same(ref, got, f"streamed {p!r}")
 
@@ -136,8 +143,8 @@ def test_injected_mismatches_roll_back_without_changing_output(llm42_server, inj
     requests.post(inject_server.url + "/reset_llm42_stats", timeout=30)
     for case in (dict(temperature=0.0), dict(temperature=0.8, seed=77)):
         for p in PROMPTS:
-            clean = _det(llm42_server.url, p, **case)
-            faulty = _det(inject_server.url, p, **case)
+            clean = det_request(llm42_server.url, p, NEW_TOKENS, **case)
+            faulty = det_request(inject_server.url, p, NEW_TOKENS, **case)
             assert_same(clean, faulty, f"injected {p!r} {case}")
     stats = llm42_stats(inject_server.url)
     assert stats["rollbacks"] > 0 and stats["injected_mismatches"] > 0, stats
@@ -149,9 +156,9 @@ def test_finish_inside_a_window(llm42_server):
     """max_new_tokens that is not a multiple of W, and stop strings, cut the last window short."""
     url = llm42_server.url
     for n in (1, 2, 9, 13):
-        ids, lps, meta = _det(url, PROMPTS[1], max_new_tokens=n)
+        ids, lps, meta = det_request(url, PROMPTS[1], n)
         assert len(ids) == n == meta["completion_tokens"] and len(lps) == n
-    ref = _det(url, PROMPTS[2], max_new_tokens=30)
+    ref = det_request(url, PROMPTS[2], 30)
     with_stop = generate(url, PROMPTS[2], det=True, max_new_tokens=30,
                          extra={"sampling_params": {"max_new_tokens": 30, "temperature": 0,
                                                     "is_deterministic": True,

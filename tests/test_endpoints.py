@@ -26,9 +26,7 @@ def _settings() -> dict:
     config = Llm42Config(window_size=16, verify_batch_size=4, max_passes_per_step=1,
                          defer_verify_on_prefill=True)
     snap = Llm42Runtime(scheduler, config).snapshot()
-    settings = {k: v for k, v in snap.items() if k not in Llm42Stats().snapshot()}
-    settings.pop("reserved_kv_tokens")  # per rank: summed
-    return settings
+    return {k: v for k, v in snap.items() if k not in Llm42Stats().snapshot()}
 
 
 SETTINGS = _settings()

@@ -11,19 +11,19 @@ import pytest
 import requests
 
 from conftest import WINDOW, wait_idle_and_healthy
-from helpers import assert_same, background_requests, concurrently, generate, llm42_stats
+from helpers import (
+    assert_same,
+    background_requests,
+    concurrently,
+    det_request,
+    llm42_stats,
+    sampling_cases,
+)
 from helpers import random_ids as _ids
 
 pytestmark = pytest.mark.server
 
-CASES = [
-    pytest.param(dict(temperature=0.0), id="greedy"),
-    pytest.param(dict(temperature=0.8, seed=5), id="t0.8-seeded"),
-]
-
-
-def _det(url, ids, **case):
-    return generate(url, None, det=True, max_new_tokens=20, extra={"input_ids": ids}, **case)
+CASES = sampling_cases(seed=5)
 
 
 def _flush(server) -> None:
@@ -46,18 +46,19 @@ def test_hit_gives_the_output_of_a_miss(batched_server, case):
     b = shared + _ids(3, 6)  # P = 33: shares 27 tokens with a, i.e. 3 whole rows
     _flush(batched_server)
     before = _cached(url)
-    miss = _det(url, b, **case)
+    miss = det_request(url, b, 20, **case)
     assert _cached(url) == before, "nothing was published before b"
     _flush(batched_server)
-    _det(url, a, **case)
+    det_request(url, a, 20, **case)
 
     before = _cached(url)
-    partial = _det(url, b, **case)  # matches 27 tokens of a's rows: cut to the row boundary
+    # matches 27 tokens of a's rows: cut to the row boundary
+    partial = det_request(url, b, 20, **case)
     assert _cached(url) - before == 3 * WINDOW
     assert_same(miss, partial, "hit of a's first 3 rows")
 
     before = _cached(url)
-    full = concurrently([lambda: _det(url, b, **case)] + background_requests(url, 8))[0]
+    full = concurrently([lambda: det_request(url, b, 20, **case)] + background_requests(url, 8))[0]
     assert _cached(url) - before == 4 * WINDOW, "b's own 4 rows (P - 1 = 32 may match)"
     assert_same(miss, full, "hit of b's own rows, under load")
 
@@ -68,9 +69,10 @@ def test_concurrent_requests_with_one_prompt(batched_server):
     url = batched_server.url
     prompt = _ids(4, 5 * WINDOW + 1)
     _flush(batched_server)
-    miss = _det(url, prompt)
+    miss = det_request(url, prompt, 20)
     _flush(batched_server)
-    outs = concurrently([lambda: _det(url, prompt) for _ in range(6)] + background_requests(url, 6))
+    outs = concurrently([lambda: det_request(url, prompt, 20) for _ in range(6)]
+                        + background_requests(url, 6))
     for i, got in enumerate(outs[:6]):
         assert_same(miss, got, f"concurrent copy {i}")
 

@@ -14,14 +14,15 @@ import pytest
 import requests
 
 from conftest import _llm42_args, wait_idle_and_healthy
-from helpers import PROMPTS, concurrently, generate
+from helpers import PROMPTS, concurrently, det_request, generate
 
 pytestmark = pytest.mark.server
 
 KV_TOKENS = 1024
 NEW_TOKENS = 96
 RETRACT_EVERY = 10  # decode steps
-CASES = [dict(temperature=0.0), dict(temperature=0.8, seed=321)]
+CASES = [dict(temperature=0.0, ignore_eos=True),
+         dict(temperature=0.8, seed=321, ignore_eos=True)]
 
 
 @pytest.fixture(scope="module", params=["solo-prefill", "batched-prefill"])
@@ -43,29 +44,20 @@ def pressure_server(request, tiny_model, tmp_path_factory):
     server.stop()
 
 
-def _det(url, prompt, case, stream=False):
-    return generate(url, prompt, det=True, max_new_tokens=NEW_TOKENS, stream=stream,
-                    extra={"sampling_params": {
-                        "max_new_tokens": NEW_TOKENS, "ignore_eos": True,
-                        "temperature": case["temperature"], "is_deterministic": True,
-                        **({"sampling_seed": case["seed"]} if "seed" in case else {})}})
-
-
 def _normal(url, i):
     return generate(url, PROMPTS[i % len(PROMPTS)] * (1 + i % 3), det=None,
-                    max_new_tokens=NEW_TOKENS, extra={"sampling_params": {
-                        "max_new_tokens": NEW_TOKENS - 7 * (i % 5), "ignore_eos": True}})
+                    max_new_tokens=NEW_TOKENS - 7 * (i % 5), ignore_eos=True)
 
 
 def test_retracted_deterministic_requests_reproduce(pressure_server):
     url = pressure_server.url
     jobs = [(p, c) for p in PROMPTS[:2] for c in CASES]
     # references: one at a time on the empty server (a single request always fits)
-    refs = [_det(url, p, c) for p, c in jobs]
+    refs = [det_request(url, p, NEW_TOKENS, **c) for p, c in jobs]
     requests.post(url + "/reset_llm42_stats", timeout=30)
 
-    fns = [lambda p=p, c=c: _det(url, p, c) for p, c in jobs]
-    fns += [lambda p=p, c=c: _det(url, p, c, stream=True) for p, c in jobs[:2]]
+    fns = [lambda p=p, c=c: det_request(url, p, NEW_TOKENS, **c) for p, c in jobs]
+    fns += [lambda p=p, c=c: det_request(url, p, NEW_TOKENS, stream=True, **c) for p, c in jobs[:2]]
     fns += [lambda i=i: _normal(url, i) for i in range(6)]
     out = concurrently(fns)
 

@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from conftest import CONTEXT, WINDOW, _llm42_args, _start
-from helpers import assert_same, concurrently, generate
+from helpers import assert_same, concurrently, generate, llm42_stats
 from llm42.server_process import cpu_server_env
 
 pytestmark = pytest.mark.server
@@ -212,11 +212,17 @@ def test_stats_endpoint_and_reset(llm42_server):
 
 
 def test_per_request_meta_info(llm42_server):
+    before = llm42_stats(llm42_server.url)
     _, _, meta = generate(llm42_server.url, "Tell me a story about", det=True,
                           max_new_tokens=20)
+    after = llm42_stats(llm42_server.url)
     # 19 candidates after the prefill's token, W = 8: windows [1,9), [9,17), [17,20)
     assert meta["llm42_verify_passes"] >= 3
-    assert meta["llm42_rollbacks"] >= 0 and meta["llm42_tokens_rolled_back"] >= 0
+    # alone on the server: its counters are the server's whole change
+    for key in ("rollbacks", "tokens_rolled_back"):
+        assert meta[f"llm42_{key}"] == after[key] - before[key], (key, meta, after, before)
+    # each rollback drops at least the mismatched token
+    assert meta["llm42_tokens_rolled_back"] >= meta["llm42_rollbacks"]
     assert meta["completion_tokens"] == 20
 
 

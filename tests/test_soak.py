@@ -1,7 +1,7 @@
 """Load soak (issue 6): the short version against the session's fault-injecting server, and fast
 tests of the soak's plan, response assembly and comparisons (no server).
 
-The full 2,000-request soak is `make soak` (benchmarks/soak.py, results in
+The full 2,000-request soak is `make soak` (benchmarks/soak/, results in
 benchmarks/results/cpu-soak/). No retries anywhere, no timing assertions.
 """
 
@@ -9,27 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` is no package of llm42
-
-from benchmarks.soak import (  # noqa: E402
-    ENDPOINTS,
-    Assembler,
-    Outcome,
-    SoakConfig,
-    build_plan,
-    chat_stream_upstream_diffs,
-    compare_full,
-    compare_prefix,
-    det_body,
-    evaluate,
-    figures_table,
-    run_soak,
-)
+from benchmarks.soak.check import evaluate
+from benchmarks.soak.compare import chat_stream_upstream_diffs, compare_full, compare_prefix
+from benchmarks.soak.plan import ENDPOINTS, SoakConfig, build_plan, det_body
+from benchmarks.soak.report import figures_table, markdown
+from benchmarks.soak.responses import Assembler, Outcome
+from benchmarks.soak.run import run_soak
 
 # Aborts at 10 % (not the full soak's 5 %) so that a short run still aborts over a dozen requests.
 CI_SOAK = SoakConfig(num_requests=150, det_fraction=0.3, abort_fraction=0.1, concurrency=32,
@@ -64,7 +52,7 @@ def test_short_soak_on_the_injecting_server(inject_server):
 def test_full_soak(tmp_path):
     """The full soak of `make soak` (defaults: 2,000 requests at concurrency 64, its own server
     with fault injection 0.2); not in CI (`-m "not slow"`), several minutes on 2 cores."""
-    from benchmarks.soak import main
+    from benchmarks.soak.cli import main
 
     assert main(["--launch", "--out-dir", str(tmp_path), "--no-progress"]) == 0
 
@@ -287,8 +275,6 @@ def test_markdown_report():
            "config": dataclasses.asdict(SoakConfig()),
            "figures": {"requests": 2000, "status_5xx": 1, "recheck": 4, "recheck_identical": 4,
                        "by_endpoint": {"generate": 700, "completions": 650, "chat": 650}}}
-    from benchmarks.soak import markdown
-
     md = markdown(row)
     assert md.startswith("# Soak FAILED (1 failures)")
     assert "| requests | 2000 |" in md and "| 5xx | 1 |" in md and "| 4xx | - |" in md

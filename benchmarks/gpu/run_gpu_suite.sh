@@ -70,7 +70,7 @@
 #   --window-sizes run on the llm42 server of the step, switched by POST /llm42_benchmark_mode:
 #   a server start saved per variant and window, ~100 s each; 0: one start each)
 #   DRY_RUN=0 (1: install nothing, start nothing; every python command the steps would run is
-#   appended to $OUT/dry_run.jsonl as a JSON argv; tests/test_benchmarks.py checks them; price
+#   appended to $OUT/dry_run.jsonl as a JSON argv; tests/test_bench_gpu.py checks them; price
 #   the call with `python -m benchmarks.gpu.estimate $OUT/dry_run.jsonl --budget-s N` first)
 #   JIT_CACHE=.gpu-jit/jit-cache.tar.gz (restored before the first step when present)
 #   COMMON_ARGS (server args for every config; see below) EXTRA_SERVER_ARGS=""

@@ -153,10 +153,6 @@ class VerifyPass:
             raise InvariantError("real rows must precede pad rows")
 
     @property
-    def real_rows(self) -> tuple[VerifyRow, ...]:
-        return self.rows[: self.num_real_rows]
-
-    @property
     def num_real_rows(self) -> int:
         return sum(1 for row in self.rows if not row.is_pad)
 
@@ -172,11 +168,6 @@ class VerifyPass:
     def flat_input_ids(self) -> list[int]:
         """[B * W] row-major input ids."""
         return [token_id for row in self.rows for token_id in row.input_ids]
-
-    @property
-    def flat_positions(self) -> list[int]:
-        """[B * W] row-major absolute positions."""
-        return [position for row in self.rows for position in row.positions]
 
 
 def overdue_wait(max_wait: int) -> int:

@@ -84,11 +84,6 @@ class DetRequestState:
         return self.num_output_tokens - self.num_verified_tokens
 
     @property
-    def is_fully_verified(self) -> bool:
-        """True when every output token is verified (a finishing request may then finish)."""
-        return self.num_candidate_tokens == 0
-
-    @property
     def is_finishing(self) -> bool:
         """A finish waits on the candidates: verify the partial window instead of waiting for W."""
         return self.deferred_finish is not None
@@ -152,10 +147,6 @@ class DetRequestState:
     def row_positions(self) -> list[int]:
         """Absolute positions [P + kW, P + kW + W) of all W row entries, padding included."""
         return list(range(self.prefix_len, self.prefix_len + self.window_size))
-
-    def row_input_indices(self) -> list[int]:
-        """Output indices [kW, kW + num_real) whose tokens are the row's real inputs."""
-        return list(range(self.window_start, self.window_start + self.num_real_entries))
 
     # ------------------------------------------------------------------ events
 

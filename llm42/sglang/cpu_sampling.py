@@ -44,8 +44,3 @@ def murmur_hash32(seed: torch.Tensor, positions: torch.Tensor, col_indices: torc
     h = _mix(_mix(_mix(torch.zeros_like(lo), lo), hi), pos)
     h = _fmix(_mix(h, col) ^ 16)
     return h.to(torch.uint32)
-
-
-def replace_murmur_hash32(original, *args, **kwargs):
-    """REPLACE hook (CPU engine only)."""
-    return murmur_hash32(*args, **kwargs)

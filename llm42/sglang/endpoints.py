@@ -18,10 +18,9 @@ from llm42.core.stats import Llm42Stats, recompute_pct
 from llm42.sglang.keys import META_KEYS, MODE_KEY, RESET_KEY
 from llm42.sglang.server_args import config_from_server_args
 
-# Counters (Llm42Stats' keys, and per-rank KV) are summed over ranks; every other key is a
-# setting, identical on every rank, and kept as it is.
-_COUNTERS = {k for k, v in Llm42Stats().snapshot().items() if not isinstance(v, dict)} | {
-    "reserved_kv_tokens"}
+# Counters (Llm42Stats' flat keys) are summed over ranks; every other key is a setting, identical
+# on every rank, and kept as it is. The per-kind split is merged by `_merge_kinds`.
+_COUNTERS = {k for k, v in Llm42Stats().snapshot().items() if not isinstance(v, dict)}
 
 
 def _merge_kinds(per_rank: list[dict]) -> dict:

@@ -80,8 +80,6 @@ class Llm42Runtime:
             overlap_schedule=self.overlap,
             benchmark_mode_refusal=self.mode_refusal,
             timeline=timeline_path(),
-            # Dummy rows reuse SGLang's reserved padding row 0 / slot 0: no extra KV.
-            reserved_kv_tokens=0,
         )
         return snap
 

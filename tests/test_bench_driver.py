@@ -1,0 +1,369 @@
+"""The driver's loop (`benchmarks/driver.py`) without SGLang: fake servers and benchmarks log
+starts, stops, runs and mode switches; skipped rows say why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from bench_factories import read_results, result_row
+
+from benchmarks.metrics import schema_problems
+
+
+class _FakeServer:
+    """Stands in for llm42.server_process.SGLangServer: remembers its flags, starts nothing."""
+
+    def __init__(self, model_path, flags, **kwargs):
+        self.flags, self.url = list(flags), "http://fake"
+        self.args = [sys.executable, "-m", "sglang.launch_server", *self.flags]
+
+
+class _Reply:
+    """A requests.Response stand-in for POST /llm42_benchmark_mode."""
+
+    def __init__(self, body, status=200):
+        self.body, self.status_code = body, status
+
+    def json(self):
+        return self.body
+
+
+def _switching_driver(monkeypatch, events: list, answer):
+    """The driver with fake servers and benchmarks that log starts, stops, benchmarks and mode
+    switches into `events`; `answer(mode)` is the server's reply to a switch."""
+    import requests
+
+    from benchmarks import driver
+    from benchmarks.env_info import append_jsonl
+    from llm42 import server_process
+
+    class FakeServer(_FakeServer):
+        def start(self):
+            events.append(("start", " ".join(self.flags)))
+
+        def stop(self):
+            events.append(("stop",))
+
+    def fake_post(url, json=None, timeout=None):
+        events.append(("mode", json))
+        return answer(json)
+
+    def fake_bench(self, cfg, url, wl, ratio):
+        events.append(("bench", cfg.label, ratio))
+        append_jsonl(self.results, result_row(cfg.config, ratio, 10.0, server_label=cfg.label,
+                                              **{k: v for k, v in cfg.meta.items()
+                                           if k != "benchmark_mode"}))
+
+    monkeypatch.setattr(server_process, "SGLangServer", FakeServer)
+    monkeypatch.setattr(driver.Driver, "bench", fake_bench)
+    monkeypatch.setattr(requests, "post", fake_post)
+    return driver
+
+
+def test_driver_says_which_deadline_stopped_an_unfinished_benchmark(tmp_path, monkeypatch):
+    """A client killed at the call's deadline was not a failing client: the row says it ran
+    out of time, and whose."""
+    import subprocess
+
+    from benchmarks import driver
+    from llm42 import server_process
+
+    class FakeServer(_FakeServer):
+        def start(self):
+            pass
+
+        def stop(self):
+            pass
+
+    timeouts, run = [], subprocess.run
+
+    def killed_client(argv, timeout=None, **kwargs):
+        if "benchmarks.bench_serving" not in argv:  # git, for the rows' commit
+            return run(argv, timeout=timeout, **kwargs)
+        timeouts.append(timeout)
+        raise subprocess.TimeoutExpired(argv, timeout)
+
+    monkeypatch.setattr(server_process, "SGLangServer", FakeServer)
+    monkeypatch.setattr(driver.subprocess, "run", killed_client)
+    base = ["--model-path", "m", "--configs", "llm42", "--det-ratios", "1.0",
+            "--window-sizes", "8", "--min-config-s", "0"]
+    assert driver.main(base + ["--out-dir", str(tmp_path / "a"), "--budget-s", "300"]) == 0
+    assert driver.main(base + ["--out-dir", str(tmp_path / "b"), "--budget-s", "300",
+                               "--bench-timeout", "5"]) == 0
+    [budget_row], [bench_row] = read_results(tmp_path / "a"), read_results(tmp_path / "b")
+    assert 290 < timeouts[0] <= 300 and timeouts[1] == 5
+    assert budget_row["skip_reason"].startswith("not finished: stopped after 30")
+    assert budget_row["skip_reason"].endswith("when the time budget (--budget-s 300) ran out")
+    assert bench_row["skip_reason"] == (
+        "not finished: stopped after 5 s, when --bench-timeout ran out")
+    assert budget_row["server_label"] == "llm42-w8" and schema_problems(budget_row) == []
+
+
+def test_driver_runs_every_workload_on_each_server_start(tmp_path, monkeypatch):
+    """One server start per config, every workload benchmarked on it, one skipped row per
+    workload for a config whose server does not start, and a table normalised per workload."""
+    from benchmarks import driver
+    from benchmarks.env_info import append_jsonl
+    from llm42 import server_process
+
+    events = []
+
+    class FakeServer(_FakeServer):
+        def start(self):
+            events.append(("start", " ".join(self.flags)))
+            if "--enable-deterministic-inference" in self.flags:
+                raise server_process.SGLangServerError("exited with code 1")
+
+        def stop(self):
+            events.append(("stop",))
+
+        def log_text(self):
+            return "ValueError: 'torch_native' is not supported for deterministic inference"
+
+    def fake_bench(self, cfg, url, wl, ratio):
+        dataset = wl[1]
+        events.append(("bench", cfg.label, dataset, ratio))
+        tps = {"nondet": 100.0, "llm42": 80.0}[cfg.config] * (2 if dataset == "sharegpt" else 1)
+        append_jsonl(self.results, result_row(cfg.config, ratio, tps, dataset=dataset,
+                                              workload=driver.workload_label(wl, self.bench_args),
+                                              **cfg.meta))
+
+    monkeypatch.setattr(server_process, "SGLangServer", FakeServer)
+    monkeypatch.setattr(driver.Driver, "bench", fake_bench)
+    assert driver.main([
+        "--model-path", "m", "--out-dir", str(tmp_path), "--configs", "nondet,sglang-det,llm42",
+        "--det-ratios", "0.5", "--window-sizes", "8", "--verify-batch-size", "4",
+        "--workload", "--dataset-name random --random-input-len 8 --random-output-len 4",
+        "--workload", "--dataset-name sharegpt", "--bench-args", "--num-prompts 6"]) == 0
+    assert events == [
+        ("start", ""), ("bench", "nondet", "random", 0.0), ("bench", "nondet", "sharegpt", 0.0),
+        ("stop",), ("start", "--enable-deterministic-inference"),
+        ("start", "--enable-llm42 --llm42-window-size 8 --llm42-verify-batch-size 4"),
+        ("bench", "llm42-w8", "random", 0.5), ("bench", "llm42-w8", "sharegpt", 0.5), ("stop",)]
+    skipped = [r for r in read_results(tmp_path) if r["skipped"]]
+    assert sorted(r["dataset"] for r in skipped) == ["random", "sharegpt"]
+    assert all(r["config"] == "sglang-det" and "deterministic inference" in r["skip_reason"]
+               and schema_problems(r) == [] for r in skipped)
+    table = (tmp_path / "table.md").read_text()
+    for dataset in ("random", "sharegpt"):
+        rows = [ln for ln in table.splitlines() if ln.startswith(f"| {dataset}")]
+        assert len(rows) == 3 and sum("1.000x" in ln for ln in rows) == 1, rows
+        assert sum("0.800x" in ln for ln in rows) == 1, "llm42 normalised to its workload's nondet"
+
+
+def test_driver_switches_variants_on_the_llm42_server(tmp_path, monkeypatch):
+    """--switch-variants: the comparison-skipped and injected rows run on the plain llm42
+    server (one start, with --llm42-benchmark-modes), each after a switch the server confirmed;
+    a variant whose switch the server refuses becomes skipped rows, and the server is switched
+    back at the end."""
+    events = []
+
+    def answer(mode):
+        if mode["inject_mismatch_rate"] == 0.5:
+            return _Reply({"error": {"message": "refused"}}, 403)
+        return _Reply({"success": True, **mode})
+
+    driver = _switching_driver(monkeypatch, events, answer)
+    argv = ["--model-path", "m", "--configs", "nondet,llm42,llm42-skip-compare,llm42-inject",
+            "--det-ratios", "0.1,1.0", "--variant-ratios", "1.0", "--window-sizes", "8",
+            "--verify-batch-size", "4", "--inject-mismatch-rate", "0.25", "--switch-variants"]
+    assert driver.main(argv + ["--out-dir", str(tmp_path / "a")]) == 0
+    llm42 = "--enable-llm42 --llm42-window-size 8 --llm42-verify-batch-size 4"
+    assert events == [
+        ("start", ""), ("bench", "nondet", 0.0), ("stop",),
+        ("start", llm42 + " --llm42-benchmark-modes"),
+        ("bench", "llm42-w8", 0.1), ("bench", "llm42-w8", 1.0),
+        ("mode", {"skip_compare": True, "inject_mismatch_rate": 0.0}),
+        ("bench", "llm42-w8-skip", 1.0),
+        ("mode", {"skip_compare": False, "inject_mismatch_rate": 0.25}),
+        ("bench", "llm42-w8-inject0.25", 1.0),
+        ("mode", {"skip_compare": False, "inject_mismatch_rate": 0.0}), ("stop",)]
+    rows = read_results(tmp_path / "a")
+    assert [(r["server_label"], r["skip_compare"], r["inject_mismatch_rate"]) for r in rows[-2:]
+            ] == [("llm42-w8-skip", True, 0.0), ("llm42-w8-inject0.25", False, 0.25)]
+
+    events.clear()
+    argv[argv.index("0.25")] = "0.5"  # refused by the fake server
+    assert driver.main(argv + ["--out-dir", str(tmp_path / "b")]) == 0
+    assert [e for e in events if e[0] == "start"][1:] == [
+        ("start", llm42 + " --llm42-benchmark-modes")]
+    [refused] = [r for r in read_results(tmp_path / "b") if r["skipped"]]
+    assert refused["server_label"] == "llm42-w8-inject0.5" and schema_problems(refused) == []
+    assert refused["skip_reason"].startswith("benchmark mode not switched: HTTP 403")
+    assert refused["benchmark_mode"] == {"skip_compare": False, "inject_mismatch_rate": 0.5}
+
+
+def test_driver_sweeps_windows_on_one_server(tmp_path, monkeypatch):
+    """--switch-variants with several windows: one start with the largest, each other window
+    switched in before its rows (a 409 from a server still busy is retried), rows labelled
+    and sized by their own window; a switch refused for good becomes skipped rows saying why,
+    and the server returns to its own window at the end."""
+    events, busy = [], {"left": 1}
+
+    def answer(mode):
+        if mode["window_size"] == 16 and busy["left"]:
+            busy["left"] -= 1
+            return _Reply({"error": {"message": "window_size cannot switch from 64 to 16 while "
+                                                "1 deterministic request(s) are in flight: a "
+                                                "window switch needs an idle server"}}, 409)
+        return _Reply({"success": True, **mode, "max_verify_wait": mode["window_size"] // 4})
+
+    driver = _switching_driver(monkeypatch, events, answer)
+    monkeypatch.setattr(driver.time, "sleep", lambda s: events.append(("wait",)))
+    argv = ["--model-path", "m", "--configs", "llm42,llm42-inject", "--det-ratios", "1.0",
+            "--variant-ratios", "1.0", "--window-sizes", "16,64", "--verify-batch-size", "4",
+            "--inject-mismatch-rate", "0.5", "--switch-variants"]
+    assert driver.main(argv + ["--out-dir", str(tmp_path / "a")]) == 0
+    plain, inject = ({"skip_compare": False, "inject_mismatch_rate": rate} for rate in (0.0, 0.5))
+    assert events == [
+        ("start", "--enable-llm42 --llm42-window-size 64 --llm42-verify-batch-size 4 "
+                  "--llm42-benchmark-modes"),
+        ("bench", "llm42-w64", 1.0),
+        ("mode", {**plain, "window_size": 16}), ("wait",),  # busy once: asked again
+        ("mode", {**plain, "window_size": 16}), ("bench", "llm42-w16", 1.0),
+        ("mode", {**inject, "window_size": 16}), ("bench", "llm42-w16-inject0.5", 1.0),
+        ("mode", {**inject, "window_size": 64}), ("bench", "llm42-w64-inject0.5", 1.0),
+        ("mode", {**plain, "window_size": 64}), ("stop",)]
+    rows = read_results(tmp_path / "a")
+    assert [(r["server_label"], r["window_size"], r["inject_mismatch_rate"]) for r in rows] == [
+        ("llm42-w64", 64, 0.0), ("llm42-w16", 16, 0.0), ("llm42-w16-inject0.5", 16, 0.5),
+        ("llm42-w64-inject0.5", 64, 0.5)]
+
+    events.clear()
+    busy["left"] = 10**6  # busy for good: given up after SWITCH_BUSY_WAIT_S
+    monkeypatch.setattr(driver, "SWITCH_BUSY_WAIT_S", 0.0)
+    assert driver.main(argv + ["--out-dir", str(tmp_path / "b")]) == 0
+    assert [e[1] for e in events if e[0] == "bench"] == ["llm42-w64", "llm42-w64-inject0.5"]
+    skipped = [r for r in read_results(tmp_path / "b") if r["skipped"]]
+    assert [(r["server_label"], r["window_size"]) for r in skipped] == [
+        ("llm42-w16", 16), ("llm42-w16-inject0.5", 16)]
+    for row in skipped:
+        assert row["skip_reason"].startswith("benchmark mode not switched: HTTP 409"), row
+        assert "needs an idle server" in row["skip_reason"] and schema_problems(row) == []
+
+
+def test_driver_timeline_records_every_server_and_summarizes_it(tmp_path, monkeypatch):
+    """--timeline: every server gets --llm42-timeline-dir OUT/timeline_LABEL, and what it wrote
+    there is summarized (timeline.md) once the server stopped."""
+    from benchmarks import driver
+    from llm42 import server_process
+
+    started = []
+
+    class FakeServer(_FakeServer):
+        def start(self):
+            started.append(self.flags)
+            if "--llm42-timeline-dir" in self.flags:  # what the scheduler process would write
+                folder = Path(self.flags[self.flags.index("--llm42-timeline-dir") + 1])
+                folder.mkdir(parents=True)
+                (folder / "timeline-1.jsonl").write_text("\n".join(json.dumps(r) for r in [
+                    {"t": 0.0, "dt": 0.01, "kind": "decode", "passes": 0, "verify_s": 0.0},
+                    {"t": 0.01, "dt": 0.02, "kind": "decode", "passes": 1, "verify_s": 0.015},
+                ]) + "\n")
+
+        def stop(self):
+            assert not (tmp_path / "timeline_llm42-w8" / "timeline.md").exists(), "too early"
+
+    monkeypatch.setattr(server_process, "SGLangServer", FakeServer)
+    monkeypatch.setattr(driver.Driver, "bench", lambda *a: None)
+    monkeypatch.setattr(driver.report, "write_report", lambda *a: [])
+    (tmp_path / "results.jsonl").write_text("")
+    (tmp_path / "table.md").write_text("")
+    assert driver.main(["--model-path", "m", "--out-dir", str(tmp_path), "--timeline",
+                        "--configs", "nondet,llm42", "--det-ratios", "0.1",
+                        "--window-sizes", "8"]) == 0
+    # the baseline records one too: its decode gaps are what llm42's are compared with
+    assert started[0][-2:] == ["--llm42-timeline-dir", str(tmp_path / "timeline_nondet")]
+    assert started[1][-2:] == ["--llm42-timeline-dir", str(tmp_path / "timeline_llm42-w8")]
+    for label in ("nondet", "llm42-w8"):
+        summary = (tmp_path / f"timeline_{label}" / "timeline.md").read_text()
+        assert "1 decode gaps" in summary and "| verify | 1 |" in summary, summary
+
+
+def test_driver_names_a_startup_timeout_not_a_log_line(tmp_path, monkeypatch):
+    """A server still starting when its time ran out: the row says so, instead of quoting an
+    'error' line that SGLang logs at every start."""
+    from benchmarks import driver
+    from llm42 import server_process
+
+    class SlowServer:
+        def __init__(self, model_path, flags, **kwargs):
+            self.args = [sys.executable, "-m", "sglang.launch_server", *flags]
+
+        def start(self):
+            raise server_process.SGLangServerTimeout(
+                "sglang.launch_server not healthy after 40 s (http://x/health); log y:\ntail")
+
+        def stop(self):
+            pass
+
+        def log_text(self):
+            return "Ignore import error when loading sglang.srt.models.inkling: No module named x"
+
+    monkeypatch.setattr(server_process, "SGLangServer", SlowServer)
+    assert driver.main(["--model-path", "m", "--out-dir", str(tmp_path), "--configs", "llm42",
+                        "--det-ratios", "1.0", "--window-sizes", "16"]) == 0
+    [row] = read_results(tmp_path)
+    assert row["skipped"] and row["skip_reason"] == (
+        "server did not start: sglang.launch_server not healthy after 40 s (http://x/health); "
+        "log y:"), row["skip_reason"]
+    assert driver.failure_reason(SlowServer("m", []).log_text(), "fallback") == "fallback"
+
+
+def test_gpu_suite_nondet_defaults_runs_plain_sglang_as_a_user_starts_it(tmp_path,
+                                                                         monkeypatch):
+    """nondet-defaults next to the like-for-like nondet: the same suite flags less the pytorch
+    sampler, --disable-radix-cache and disabled prefill graphs (SGLang's defaults), triton
+    attention and capacity kept; its rows record those flags and the table gets its column."""
+    from benchmarks.env_info import append_jsonl
+
+    suite = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "run_gpu_suite.sh"
+    env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
+           "RUN_DIR": str(tmp_path / "run"), "JIT_CACHE": str(tmp_path / "none.tar.gz"),
+           "BENCH_CONFIGS": "nondet,nondet-defaults,llm42", "DET_RATIOS": "0.1"}
+    subprocess.run(["bash", str(suite), "bench-sharegpt", "bench-random1k-all"], env=env,
+                   check=True, capture_output=True, timeout=120)
+    plan = (tmp_path / "out" / "dry_run.jsonl").read_text().splitlines()
+    [argv, every] = [json.loads(ln)[2:] for ln in plan
+                     if json.loads(ln)[:2] == ["-m", "benchmarks.driver"]]
+    assert "nondet-defaults" in every[every.index("--configs") + 1].split(",")
+    events = []
+
+    class FakeServer(_FakeServer):
+        def start(self):
+            events.append(self.flags)
+
+        def stop(self):
+            pass
+
+    def fake_bench(self, cfg, url, wl, ratio):
+        tps = {"nondet": 100.0, "nondet-defaults": 125.0, "llm42": 90.0}[cfg.config]
+        append_jsonl(self.results, result_row(cfg.config, ratio, tps, **cfg.meta))
+
+    driver = _switching_driver(monkeypatch, [], lambda mode: _Reply({}))
+    monkeypatch.setattr("llm42.server_process.SGLangServer", FakeServer)
+    monkeypatch.setattr(driver.Driver, "bench", fake_bench)
+    out = tmp_path / "drive"
+    assert driver.main([*argv, "--out-dir", str(out)]) == 0
+    nondet, defaults, llm42 = events
+    like_for_like = ["--sampling-backend", "pytorch", "--disable-radix-cache",
+                     "--cuda-graph-backend-prefill=disabled"]
+    for flags in (nondet, llm42):
+        assert all(flag in flags for flag in like_for_like), flags
+    assert not [f for f in defaults if f.split("=")[0] in (
+        "--sampling-backend", "--disable-radix-cache", "--cuda-graph-backend-prefill")], defaults
+    assert [f for f in nondet if f not in like_for_like] == defaults
+    assert {"--attention-backend", "triton", "--max-running-requests", "--load-format",
+            "dummy", "--random-seed"} <= set(defaults)
+    # driver-level: the `--flag value` form is dropped with its value
+    assert driver.without_like_for_like(
+        ["--sampling-backend", "pytorch", "--tp", "1", "--disable-radix-cache"]) == ["--tp", "1"]
+    table = (out / "table.md").read_text().splitlines()
+    assert "| vs nondet | vs nondet-defaults | vs sglang-det |" in table[2]
+    [row] = [ln for ln in table if "| llm42 W64" in ln]
+    assert "| 0.900x | 0.720x | - |" in row, row

@@ -1,0 +1,86 @@
+"""Which servers the driver (`benchmarks/driver.py`) starts for its configs, and which
+variants it switches in at runtime instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+
+def test_driver_configs_map_to_server_flags():
+    from benchmarks import driver
+
+    args = argparse.Namespace(
+        configs="nondet,nondet-no-overlap,llm42,llm42-no-overlap,llm42-skip-compare,"
+                "llm42-batched-prefill,llm42-solo-prefill",
+        window_sizes="16", verify_batch_size=4, det_ratios="0.1,1.0", variant_ratios="1.0",
+        inject_mismatch_rate=0.05, llm42_args=None, switch_variants=False)
+    got = {c.label: (c.config, c.flags, c.ratios) for c in driver.server_configs(args)}
+    llm42 = ["--enable-llm42", "--llm42-window-size", "16", "--llm42-verify-batch-size", "4"]
+    assert got == {
+        "nondet": ("nondet", [], [0.0]),
+        "nondet-no-overlap": ("nondet-no-overlap", ["--disable-overlap-schedule"], [0.0]),
+        "llm42-w16": ("llm42", llm42, [0.1, 1.0]),
+        "llm42-w16-no-overlap": ("llm42", llm42 + ["--disable-overlap-schedule"], [0.1, 1.0]),
+        "llm42-w16-skip": ("llm42", llm42 + ["--llm42-skip-compare"], [1.0]),
+        "llm42-w16-batched-prefill": ("llm42", llm42 + ["--llm42-batched-prefill"], [0.1, 1.0]),
+        "llm42-w16-solo-prefill": ("llm42", llm42 + ["--no-llm42-batched-prefill"], [0.1, 1.0]),
+    }
+    with pytest.raises(SystemExit, match="unknown config"):
+        driver.server_configs(argparse.Namespace(**{**vars(args), "configs": "llm43"}))
+    # --llm42-args reach every llm42 server (not the baselines) and tell them apart in tables
+    extra = argparse.Namespace(**{**vars(args), "configs": "nondet,llm42-batched-prefill",
+                                  "llm42_args": ["--llm42-max-verify-wait 64"]})
+    got = {c.label: (c.flags, c.meta.get("llm42_args")) for c in driver.server_configs(extra)}
+    assert got == {
+        "nondet": ([], None),
+        "llm42-w16-max-verify-wait64-batched-prefill": (
+            llm42 + ["--llm42-max-verify-wait", "64", "--llm42-batched-prefill"],
+            "--llm42-max-verify-wait 64"),
+    }
+    # repeated --llm42-args: one server per value ('' = defaults) for each llm42 config
+    variants = argparse.Namespace(**{**vars(args), "configs": "llm42",
+                                     "llm42_args": ["", "--llm42-verify-batch-size 4"]})
+    got = {c.label: c.flags for c in driver.server_configs(variants)}
+    assert got == {"llm42-w16": llm42,
+                   "llm42-w16-verify-batch-size4": llm42 + ["--llm42-verify-batch-size", "4"]}
+
+
+def test_switch_variants_put_a_window_sweep_on_one_server():
+    """--switch-variants: every window of one --llm42-args value runs on one server, started
+    with the largest window; the other windows, and the skip / inject configs of every window,
+    are switched in by their mode (with window_size, since the server hosts several)."""
+    from benchmarks import driver
+
+    args = argparse.Namespace(
+        configs="nondet,llm42,llm42-inject", window_sizes="16,32,64,128", verify_batch_size=8,
+        det_ratios="1.0", variant_ratios="1.0", inject_mismatch_rate=0.5,
+        llm42_args=["", "--llm42-max-verify-wait 8"], switch_variants=True)
+    configs = driver.server_configs(args)
+    assert [c.label for c in configs] == ["nondet", "llm42-w128", "llm42-w128-max-verify-wait8"]
+    for host, suffix in zip(configs[1:], ["", "-max-verify-wait8"]):
+        assert host.flags[1:3] == ["--llm42-window-size", "128"]
+        assert host.flags[-1] == "--llm42-benchmark-modes"
+        assert [v.label for v in host.switched] == [
+            f"llm42-w{w}{suffix}" for w in (16, 32, 64)] + [
+            f"llm42-w{w}{suffix}-inject0.5" for w in (16, 32, 64, 128)]
+        modes = [(v.meta["window_size"], v.meta["benchmark_mode"]) for v in host.switched]
+        assert [modes[0], modes[4], modes[6]] == [
+            (16, {"skip_compare": False, "inject_mismatch_rate": 0.0, "window_size": 16}),
+            (32, {"skip_compare": False, "inject_mismatch_rate": 0.5, "window_size": 32}),
+            (128, {"skip_compare": False, "inject_mismatch_rate": 0.5, "window_size": 128})]
+        assert all(v.flags is host.flags for v in host.switched)
+        assert driver.plain_mode(host) == {"skip_compare": False, "inject_mismatch_rate": 0.0,
+                                           "window_size": 128}
+    # one window: its modes stay without window_size (what a server before the window switch
+    # accepts); without --switch-variants one start per window, as before
+    one = driver.server_configs(argparse.Namespace(**{**vars(args), "window_sizes": "64",
+                                                      "llm42_args": None}))
+    assert [v.meta["benchmark_mode"] for v in one[1].switched] == [
+        {"skip_compare": False, "inject_mismatch_rate": 0.5}]
+    assert driver.plain_mode(one[1]) == driver._PLAIN_MODE
+    apart = driver.server_configs(argparse.Namespace(**{**vars(args), "switch_variants": False,
+                                                        "llm42_args": None}))
+    assert len(apart) == 1 + 4 + 4 and not any(c.switched for c in apart)

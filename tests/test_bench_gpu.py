@@ -1,0 +1,112 @@
+"""The GPU host helpers (`benchmarks/gpu/`): the suite's dry run hands the driver arguments
+it accepts, the offline install is discoverable, the GGUF pieces join back.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.gpu.install_llm42 import install
+
+
+def test_gpu_suite_dry_run_hands_the_driver_arguments_it_accepts(tmp_path):
+    """The suite's shell plumbing (LLM42_ARGS variants, BENCH_CONFIGS, PREFILL_GRAPHS, TIMELINE,
+    ONLINE_RATE lists) checked
+    without a GPU: its driver command lines must parse and give one server per variant."""
+    from benchmarks import driver
+
+    suite = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "run_gpu_suite.sh"
+    env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
+           "RUN_DIR": str(tmp_path / "run"), "JIT_CACHE": str(tmp_path / "none.tar.gz"),
+           "BENCH_CONFIGS": "nondet,llm42", "DET_RATIOS": "0.1", "PREFILL_GRAPHS": "1",
+           "TIMELINE": "1", "ONLINE_RATE": "16,24",
+           "LLM42_ARGS": ";--llm42-max-verify-wait 48;--no-llm42-batched-prefill"}
+    subprocess.run(["bash", str(suite), "bench-sharegpt", "online"], env=env, check=True,
+                   capture_output=True, timeout=120)
+    argvs = [json.loads(line) for line in (tmp_path / "out" / "dry_run.jsonl").read_text()
+             .splitlines()]
+    drivers = [argv[2:] for argv in argvs if argv[:2] == ["-m", "benchmarks.driver"]]
+    assert len(drivers) == 2  # bench-sharegpt, online
+    for argv in drivers:
+        args = driver.build_parser().parse_args(argv)
+        configs = driver.server_configs(args)
+        assert "--cuda-graph-backend-prefill=disabled" not in args.server_args
+        assert args.timeline
+        llm42 = [c for c in configs if c.config == "llm42"]
+        assert [c.label for c in llm42] == [
+            "llm42-w64", "llm42-w64-max-verify-wait48", "llm42-w64-no-batched-prefill"]
+        assert llm42[2].flags[-1] == "--no-llm42-batched-prefill"
+    assert [c.label for c in driver.server_configs(driver.build_parser().parse_args(
+        drivers[0]))][0] == "nondet"
+    online = driver.build_parser().parse_args(drivers[1])  # a load curve: one workload per rate
+    assert [w.split("--request-rate ")[1] for w in online.workload] == ["16", "24"]
+
+
+@pytest.mark.parametrize("switch, starts", [("1", 1), ("0", 4)])
+def test_gpu_suite_smollm2_sweep_starts_one_server_for_its_windows(tmp_path, capsys, switch,
+                                                                   starts):
+    """SWITCH_VARIANTS=1 (the default): the four windows of the SmolLM2 sweep run on one server
+    start, switched at runtime, and the estimator prices one start; 0: a start per window.
+    WARMUP_REQUESTS reaches every timed run of the sweep (unset: bench_serving's default)."""
+    from benchmarks import driver
+    from benchmarks.gpu import estimate
+
+    suite = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "run_gpu_suite.sh"
+    env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
+           "RUN_DIR": str(tmp_path / "run"), "JIT_CACHE": str(tmp_path / "none.tar.gz"),
+           "SMOLLM2_WEIGHTS": "real", "SWEEP_CONFIGS": "llm42", "SWEEP_PROMPTS": "512",
+           "SWITCH_VARIANTS": switch, **({"WARMUP_REQUESTS": "64"} if switch == "1" else {})}
+    subprocess.run(["bash", str(suite), "smollm2-sweep"], env=env, check=True,
+                   capture_output=True, timeout=120)
+    plan = tmp_path / "out" / "dry_run.jsonl"
+    [argv] = [json.loads(ln)[2:] for ln in plan.read_text().splitlines()
+              if json.loads(ln)[:2] == ["-m", "benchmarks.driver"]]
+    args = driver.build_parser().parse_args(argv)
+    warmup = ["--warmup-requests", "64"] if switch == "1" else []
+    assert args.bench_args.split()[6:] == warmup, args.bench_args
+    configs = driver.server_configs(args)
+    labels = [[c.label, *[v.label for v in c.switched]] for c in configs]
+    if switch == "1":
+        assert labels == [["llm42-w128", "llm42-w16", "llm42-w32", "llm42-w64"]]
+    else:
+        assert labels == [["llm42-w16"], ["llm42-w32"], ["llm42-w64"], ["llm42-w128"]]
+    (tmp_path / "none").mkdir()
+    estimate.main([str(plan), "--results", str(tmp_path / "none"), "--budget-s", "10000"])
+    lines = capsys.readouterr().out.splitlines()
+    assert sum(" start llm42-w" in ln for ln in lines) == starts, lines
+    assert sum(" run llm42-w" in ln and "n=512 ratio 1" in ln for ln in lines) == 4, lines
+
+
+def test_install_llm42_writes_a_discoverable_dist_info(tmp_path):
+    info = install(tmp_path / "site")
+    dists = list(importlib.metadata.distributions(path=[str(tmp_path / "site")]))
+    assert [d.metadata["Name"] for d in dists] == ["llm42"]
+    eps = [e for e in dists[0].entry_points if e.group == "sglang.srt.plugins"]
+    assert [(e.name, e.value) for e in eps] == [("llm42", "llm42.sglang.plugin:register")]
+    assert (tmp_path / "site/llm42/sglang/plugin.py").is_file()
+    assert list((tmp_path / "site/llm42/patches").glob("sglang-*.json")), "package data missing"
+    assert info.name == "llm42-0.1.0.dist-info"
+
+
+def test_gguf_split_joins_back_under_its_checksum(tmp_path):
+    """The GGUF travels to the GPU host in pieces; the host joins them and checks the sha256."""
+    import hashlib
+
+    from benchmarks.gpu.prepare_assets import gguf_receive_command, split_file
+
+    src = tmp_path / "model.gguf"
+    src.write_bytes(bytes(range(256)) * 41 + b"tail")
+    pieces = split_file(src, tmp_path / "repo")
+    assert [p.parent.name for p in pieces] == [".gpu-gguf1", ".gpu-gguf2"]
+    joined = b"".join(p.read_bytes() for p in pieces)
+    assert joined == src.read_bytes()
+    sums = {(p.parent / "SHA256").read_text() for p in pieces}
+    assert sums == {f"{hashlib.sha256(joined).hexdigest()}  model.gguf\n"}
+    assert ".gpu-gguf2/*" in gguf_receive_command(2)
