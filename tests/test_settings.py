@@ -29,6 +29,7 @@ PUBLISHED_FLAGS = {
     "llm42_solo_prefill_min_tokens": None,
     "llm42_timeline_dir": None,
     "llm42_benchmark_modes": False,
+    "llm42_fp32_logits": False,
 }
 
 # A value other than the default for every setting (a bool flips).
@@ -37,6 +38,7 @@ OTHER_VALUES = {
     "skip_compare": True, "max_verify_wait": 3, "max_passes_per_step": 2,
     "defer_verify_on_prefill": True, "overlap_verify": True, "batched_prefill": False,
     "prefix_cache": True, "solo_prefill_min_tokens": 300, "benchmark_modes": True,
+    "fp32_logits": True,
 }
 
 

@@ -85,6 +85,14 @@ class Llm42Config:
         "batch of their own instead of being recomputed by prompt passes (cheaper for long "
         "prompts); 0: every prompt is batched. Default: 1024, or 0 with --llm42-prefix-cache.",
         echo_as="solo_prefill_threshold")
+    fp32_logits: bool = _setting(
+        False, "--llm42-fp32-logits",
+        "Compute the LM head's logits in fp32 (bf16 inputs, fp32 accumulation and output, one "
+        "read of the bf16 weights) for every request of the server, instead of rounding them "
+        "to bf16. bf16 logits quantize near-ties, so tiny differences between the decode batch "
+        "and the verification pass flip the argmax: fewer rollbacks on real weights. Changes "
+        "outputs (normal requests' too, as SGLang's --enable-fp32-lm-head would, without its "
+        "per-step fp32 copy of the weights).")
     benchmark_modes: bool = _setting(
         False, "--llm42-benchmark-modes",
         "Benchmarking only: accept POST /llm42_benchmark_mode {\"skip_compare\": bool, "
