@@ -15,8 +15,11 @@ SGLang captures its decode CUDA graphs before llm42's scheduler hook runs.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
+logger = logging.getLogger(__name__)
 _ENABLED: bool | None = None
 _MM_OUT_DTYPE: dict[str, bool] = {}  # device type -> torch.mm(out_dtype=...) works there
 
@@ -40,10 +43,15 @@ def fp32_matmul(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if _MM_OUT_DTYPE.get(device, True):
         try:
             out = torch.mm(hidden, weight.t(), out_dtype=torch.float32)
-            _MM_OUT_DTYPE[device] = True
-            return out
         except (RuntimeError, TypeError, NotImplementedError):
             _MM_OUT_DTYPE[device] = False
+            logger.info("llm42: fp32 logits on %s by upcasting (no torch.mm out_dtype)", device)
+        else:
+            if device not in _MM_OUT_DTYPE:
+                logger.info("llm42: fp32 logits on %s from a bf16 GEMM (torch.mm out_dtype)",
+                            device)
+            _MM_OUT_DTYPE[device] = True
+            return out
     return torch.matmul(hidden.float(), weight.float().t())
 
 
