@@ -55,3 +55,19 @@ def test_quantized_or_lora_heads_keep_sglangs_path(monkeypatch, head):
     upcast = SimpleNamespace(use_fp32_lm_head=True, rl_on_policy_target=None)
     assert fp32_logits.compute_lm_head_hook(_original, upcast, hidden, lm_head).dtype == \
         torch.bfloat16  # SGLang's own --enable-fp32-lm-head path stands
+
+
+def test_enabled_reads_the_flag_from_sglangs_server_args(monkeypatch):
+    """Decided from the server args, which exist before SGLang captures its CUDA graphs."""
+    from sglang.srt import runtime_context
+
+    from llm42.sglang import server_args as llm42_args
+
+    for argv, expected in (([], False), (["--llm42-fp32-logits"], True)):
+        parser = __import__("argparse").ArgumentParser()
+        llm42_args.add_cli_args_hook(lambda p: None, parser)
+        ns = parser.parse_args(["--enable-llm42", *argv])
+        ns.random_seed = 7  # an SGLang ServerArgs field
+        monkeypatch.setattr(runtime_context, "get_server_args", lambda ns=ns: ns)
+        monkeypatch.setattr(fp32_logits, "_ENABLED", None)
+        assert fp32_logits.enabled() is expected

@@ -27,7 +27,7 @@ _MM_OUT_DTYPE: dict[str, bool] = {}  # device type -> torch.mm(out_dtype=...) wo
 def enabled() -> bool:
     global _ENABLED
     if _ENABLED is None:
-        from sglang.srt.server_args import get_server_args
+        from sglang.srt.runtime_context import get_server_args
 
         from llm42.sglang.server_args import config_from_server_args
 
