@@ -106,9 +106,9 @@ FEATURES = [
     ("presence_penalty", {"presence_penalty": 0.5}, {}, {"presence_penalty": 0.5}, True),
     ("repetition_penalty", {"repetition_penalty": 1.2}, {}, {"repetition_penalty": 1.2}, True),
     ("logit_bias", {"logit_bias": {"5": 1.0}}, {}, {"logit_bias": {"5": 1.0}}, True),
-    ("regex", {"regex": "a+"}, {}, {"regex": "a+"}, False),
-    ("ebnf", {"ebnf": 'root ::= "a"'}, {}, {"ebnf": 'root ::= "a"'}, False),
-    ("json_schema", None, None, {"response_format": _JSON_SCHEMA}, False),
+    ("regex", {"regex": "a+"}, {}, {"regex": "a+"}, True),
+    ("ebnf", {"ebnf": 'root ::= "a"'}, {}, {"ebnf": 'root ::= "a"'}, True),
+    ("json_schema", None, None, {"response_format": _JSON_SCHEMA}, True),
     ("return_hidden_states", {}, {"return_hidden_states": True},
      {"return_hidden_states": True}, False),
     ("lora_path", {}, {"lora_path": "my-adapter"}, {"lora_path": "my-adapter"}, False),
@@ -376,10 +376,13 @@ _FIELDS = {  # name: (valid, odd)
                       st.sampled_from([[1, 2], "x", {"is_deterministic": 1}, {"k": [[1]]}])),
 }
 # Values that kill SGLang 0.5.17's own scheduler on CPU for a normal request (top_k beyond
-# int32, top logprobs over the vocabulary, any grammar: xgrammar wants pinned memory): only
-# ever sent with is_deterministic true, where llm42 must reject them.
-_DET_ONLY = {"top_k": st.sampled_from([2**31, 2**40]), "regex": st.sampled_from(["a", "(", 5]),
-             "ebnf": st.just('root ::= "a"'), "json_schema": st.just('{"type": "object"}')}
+# int32, top logprobs over the vocabulary): only ever sent with is_deterministic true, where
+# llm42 must reject them.
+_DET_ONLY = {"top_k": st.sampled_from([2**31, 2**40])}
+# Grammars, valid and not: served for a normal request (they killed the CPU scheduler until
+# llm42.compat.grammar_bitmask), rejected for a deterministic one.
+_GRAMMARS = {"regex": st.sampled_from(["a", "(", 5]), "ebnf": st.just('root ::= "a"'),
+             "json_schema": st.just('{"type": "object"}')}
 _NATIVE_TOP = {
     "return_logprob": (st.booleans(), _ODD),
     "top_logprobs_num": (st.sampled_from([0, 1, 3]), st.sampled_from([-1, "2", 1.5])),
@@ -432,6 +435,9 @@ def requests_st(draw):
     if flag is True and draw(rarely):
         key = draw(st.sampled_from(sorted(_DET_ONLY)))
         sampling[key] = draw(_DET_ONLY[key])
+    if draw(rarely):
+        key = draw(st.sampled_from(sorted(_GRAMMARS)))
+        sampling[key] = draw(_GRAMMARS[key])
     if flag is True and endpoint == "generate" and draw(rarely):
         top_keys.append("top_logprobs_num")
         odd.add("top_logprobs_num")
