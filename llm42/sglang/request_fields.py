@@ -25,8 +25,6 @@ _UNSUPPORTED_SAMPLING = {
     "frequency_penalty": (lambda v: bool(v), "frequency_penalty"),
     "presence_penalty": (lambda v: bool(v), "presence_penalty"),
     "repetition_penalty": (lambda v: v not in (None, 1, 1.0), "repetition_penalty"),
-    "min_new_tokens": (lambda v: bool(v), "min_new_tokens"),
-    "logit_bias": (lambda v: bool(v), "logit_bias"),
     "json_schema": (lambda v: v is not None, "json_schema / response_format"),
     "regex": (lambda v: v is not None, "regex"),
     "ebnf": (lambda v: v is not None, "ebnf"),
@@ -113,6 +111,11 @@ def sampling_type_problems(sampling: dict) -> list[str]:
             limit = _INT32_MAX if key == "top_k" else _INT64_MAX
             if not _INT64_MIN <= value <= limit:
                 problems.append(f"'{key}': {value} is out of range")
+        if key == "logit_bias" and isinstance(value, dict):
+            # NaN or inf would reach the logits as they are (SGLang checks only the keys)
+            bad = [v for v in value.values() if not math.isfinite(v)]
+            if bad:
+                problems.append(f"'logit_bias' values must be finite numbers, got {_short(bad[0])}")
     return problems
 
 
