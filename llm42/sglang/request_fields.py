@@ -21,7 +21,6 @@ _INTERNAL_SAMPLING = {"stop_strs", "stop_regex_strs", "stop_str_max_len", "stop_
 
 # Sampling features the verifier does not replay exactly: rejected for deterministic requests.
 _UNSUPPORTED_SAMPLING = {
-    "n": (lambda v: v not in (None, 1), "n > 1 (parallel sampling)"),
     "frequency_penalty": (lambda v: bool(v), "frequency_penalty"),
     "presence_penalty": (lambda v: bool(v), "presence_penalty"),
     "repetition_penalty": (lambda v: v not in (None, 1, 1.0), "repetition_penalty"),
