@@ -171,7 +171,6 @@ def test_deterministic_without_enable_flag_is_400(plain_server, endpoint):
 @pytest.mark.parametrize(
     "extra, needle",
     [
-        ({"frequency_penalty": 0.5}, "frequency_penalty"),
         ({"json_schema": '{"type": "object"}'}, "json_schema"),
     ],
 )

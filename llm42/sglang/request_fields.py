@@ -21,9 +21,6 @@ _INTERNAL_SAMPLING = {"stop_strs", "stop_regex_strs", "stop_str_max_len", "stop_
 
 # Sampling features the verifier does not replay exactly: rejected for deterministic requests.
 _UNSUPPORTED_SAMPLING = {
-    "frequency_penalty": (lambda v: bool(v), "frequency_penalty"),
-    "presence_penalty": (lambda v: bool(v), "presence_penalty"),
-    "repetition_penalty": (lambda v: v not in (None, 1, 1.0), "repetition_penalty"),
     "json_schema": (lambda v: v is not None, "json_schema / response_format"),
     "regex": (lambda v: v is not None, "regex"),
     "ebnf": (lambda v: v is not None, "ebnf"),

@@ -39,7 +39,8 @@ from llm42.core.planner import (
 )
 from llm42.core.stats import sampling_kind
 from llm42.core.window import DetRequestState
-from llm42.sglang import det_rows, kv_rollback, prefill_faults, prefix_cache, runtime, verifier
+from llm42.sglang import (det_rows, kv_rollback, penalty_rewind, prefill_faults, prefix_cache,
+                          runtime, verifier)
 from llm42.sglang.request_fields import is_deterministic_params
 
 logger = logging.getLogger(__name__)
@@ -375,6 +376,10 @@ def next_batch_hook(original, scheduler, running_batch, last_batch):
     if rt is not None:
         if rt.step_kind is not None:
             rt.stats.observe_step(rt.step_kind, now - rt.step_started)
+        mates = (running_batch.reqs if running_batch is not None else []) + (
+            last_batch.reqs if last_batch is not None else [])
+        if _in_flight(scheduler) and penalty_rewind.needs_fed_outputs(mates):
+            _drain(scheduler)  # penalizers must see every token before the next step
         if running_batch is not None and running_batch.reqs:
             _verify_due(rt, scheduler, running_batch)
     build_started = time.perf_counter()
