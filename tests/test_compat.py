@@ -207,3 +207,19 @@ def test_compat_package_import_has_no_side_effects():
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]", f"importing llm42.compat imported {proc.stdout}"
+
+
+# -- xgrammar bitmask on CPU (replace_on_cpu hooks in patches/) ------------------------------
+def test_grammar_bitmask_stand_ins_allocate_unpinned_and_mask_on_cpu():
+    from llm42.compat import grammar_bitmask
+
+    mask = grammar_bitmask.allocate_token_bitmask(vocab_size=70, batch_size=2)
+    assert mask.shape == (2, 3) and mask.dtype == torch.int32 and (mask == -1).all()
+    assert not mask.is_pinned()
+    mask[0, 1] = 0  # row 0: tokens [32, 64) disallowed
+    logits = torch.zeros(2, 70)
+    grammar_bitmask.apply_vocab_mask(None, logits, mask)
+    assert torch.isneginf(logits[0, 32:64]).all(), "disallowed tokens must become -inf"
+    assert torch.isfinite(logits[0, :32]).all() and torch.isfinite(logits[0, 64:]).all()
+    assert torch.isfinite(logits[1]).all()
+

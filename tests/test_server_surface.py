@@ -171,9 +171,7 @@ def test_deterministic_without_enable_flag_is_400(plain_server, endpoint):
 @pytest.mark.parametrize(
     "extra, needle",
     [
-        ({"frequency_penalty": 0.5}, "frequency_penalty"),
         ({"json_schema": '{"type": "object"}'}, "json_schema"),
-        ({"n": 2}, "n > 1"),
     ],
 )
 def test_unsupported_features_are_rejected_for_deterministic(llm42_server, extra, needle):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from llm42.core.verify_round import due_jobs, range_is_fixed
-from llm42.sglang import in_flight, runtime, verify_passes
+from llm42.sglang import in_flight, penalty_rewind, runtime, verify_passes
 from llm42.sglang.request_state import det_state
 
 
@@ -39,6 +39,10 @@ def next_batch_hook(original, scheduler, running_batch, last_batch):
     if rt is not None:
         if rt.step_kind is not None:
             rt.stats.observe_step(rt.step_kind, now - rt.step_started)
+        mates = (running_batch.reqs if running_batch is not None else []) + (
+            last_batch.reqs if last_batch is not None else [])
+        if in_flight.in_flight(scheduler) and penalty_rewind.needs_fed_outputs(mates):
+            in_flight.drain(scheduler)  # penalizers must see every token before the next step
         if running_batch is not None and running_batch.reqs:
             verify_due(rt, scheduler, running_batch)
     build_started = time.perf_counter()

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from llm42.sglang import penalty_rewind
+
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
     from sglang.srt.managers.scheduler import Scheduler
@@ -57,6 +59,8 @@ def truncate_output(
                 _shrink_batch_row(batch, req, end - start)
     del req.output_ids[new_len:]
     truncate_logprobs(req, new_len)
+    if batch is not None:
+        penalty_rewind.rewind(batch, req, num_freed)
     return num_freed
 
 

@@ -21,12 +21,6 @@ _INTERNAL_SAMPLING = {"stop_strs", "stop_regex_strs", "stop_str_max_len", "stop_
 
 # Sampling features the verifier does not replay exactly: rejected for deterministic requests.
 _UNSUPPORTED_SAMPLING = {
-    "n": (lambda v: v not in (None, 1), "n > 1 (parallel sampling)"),
-    "frequency_penalty": (lambda v: bool(v), "frequency_penalty"),
-    "presence_penalty": (lambda v: bool(v), "presence_penalty"),
-    "repetition_penalty": (lambda v: v not in (None, 1, 1.0), "repetition_penalty"),
-    "min_new_tokens": (lambda v: bool(v), "min_new_tokens"),
-    "logit_bias": (lambda v: bool(v), "logit_bias"),
     "json_schema": (lambda v: v is not None, "json_schema / response_format"),
     "regex": (lambda v: v is not None, "regex"),
     "ebnf": (lambda v: v is not None, "ebnf"),
@@ -113,6 +107,11 @@ def sampling_type_problems(sampling: dict) -> list[str]:
             limit = _INT32_MAX if key == "top_k" else _INT64_MAX
             if not _INT64_MIN <= value <= limit:
                 problems.append(f"'{key}': {value} is out of range")
+        if key == "logit_bias" and isinstance(value, dict):
+            # NaN or inf would reach the logits as they are (SGLang checks only the keys)
+            bad = [v for v in value.values() if not math.isfinite(v)]
+            if bad:
+                problems.append(f"'logit_bias' values must be finite numbers, got {_short(bad[0])}")
     return problems
 
 

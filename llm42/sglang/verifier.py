@@ -21,7 +21,7 @@ import torch
 
 from llm42.core.decision import PAD_TOKEN_ID
 from llm42.core.planner import VerifyPass
-from llm42.sglang import det_rows
+from llm42.sglang import det_rows, verify_logits
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
@@ -171,10 +171,13 @@ def _sample_rows(scheduler, vpass: VerifyPass, reqs, entries, logits):
     if not entries:  # only leading rows of long prompts: nothing is compared
         return [None if row.is_pad else RowResult([], [], [], []) for row in vpass.rows]
     entry_reqs = [reqs[r] for r, _ in entries]
+    entry_positions = [vpass.rows[r].positions[j] for r, j in entries]
+    # min_new_tokens and logit_bias, as SGLang's model runner adds them before its Sampler
+    verify_logits.apply(logits, entry_reqs, [verify_logits.output_index(req, p)
+                                             for req, p in zip(entry_reqs, entry_positions)])
     out = LogitsProcessorOutput(next_token_logits=logits)
     info = _sampling_info(entry_reqs, logits.device, scheduler.model_config.vocab_size)
-    positions = to_device([vpass.rows[r].positions[j] for r, j in entries], torch.int64,
-                          logits.device)
+    positions = to_device(entry_positions, torch.int64, logits.device)
     top_nums = [req.logprob.top_logprobs_num if req.return_logprob else 0 for req in entry_reqs]
     sampler = scheduler.tp_worker.model_runner.sampler
     ids = sampler(out, info, True, top_nums, [None] * len(entries), positions).tolist()
