@@ -461,9 +461,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--det-ratios", default="0.02,0.1,0.5,1.0")
     p.add_argument("--variant-ratios", default=None,
                    help="ratios for llm42-skip-compare / llm42-inject (default: --det-ratios)")
-    p.add_argument("--window-sizes", default="64",
+    p.add_argument("--window-sizes", default="16",
                    help="comma list: one llm42 server each (one for all with --switch-variants)")
-    p.add_argument("--verify-batch-size", type=int, default=8)
+    p.add_argument("--verify-batch-size", type=int, default=32)
     p.add_argument("--inject-mismatch-rate", type=float, default=0.05)
     p.add_argument("--server-args", default="", help="given identically to every config")
     p.add_argument("--llm42-args", action="append", default=None,

@@ -41,7 +41,7 @@ def test_gpu_suite_dry_run_hands_the_driver_arguments_it_accepts(tmp_path):
         assert args.timeline
         llm42 = [c for c in configs if c.config == "llm42"]
         assert [c.label for c in llm42] == [
-            "llm42-w64", "llm42-w64-max-verify-wait48", "llm42-w64-no-batched-prefill"]
+            "llm42-w16", "llm42-w16-max-verify-wait48", "llm42-w16-no-batched-prefill"]
         assert llm42[2].flags[-1] == "--no-llm42-batched-prefill"
     assert [c.label for c in driver.server_configs(driver.build_parser().parse_args(
         drivers[0]))][0] == "nondet"

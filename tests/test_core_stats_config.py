@@ -181,7 +181,7 @@ def test_config_errors(kwargs, context_length, message) -> None:
 def test_config_valid(kwargs, context_length) -> None:
     config = Llm42Config(**kwargs)
     config.validate(context_length)
-    assert Llm42Config().window_size == 64 and Llm42Config().verify_batch_size == 8
+    assert Llm42Config().window_size == 16 and Llm42Config().verify_batch_size == 32
 
 
 def test_verify_wait_default_is_a_quarter_window() -> None:

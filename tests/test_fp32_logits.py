@@ -63,7 +63,7 @@ def test_enabled_reads_the_flag_from_sglangs_server_args(monkeypatch):
 
     from llm42.sglang import server_args as llm42_args
 
-    for argv, expected in (([], False), (["--llm42-fp32-logits"], True)):
+    for argv, expected in (([], True), (["--no-llm42-fp32-logits"], False)):
         parser = __import__("argparse").ArgumentParser()
         llm42_args.add_cli_args_hook(lambda p: None, parser)
         ns = parser.parse_args(["--enable-llm42", *argv])

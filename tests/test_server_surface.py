@@ -183,7 +183,9 @@ def test_unsupported_features_are_rejected_for_deterministic(llm42_server, extra
 
 
 def test_normal_requests_unchanged_with_llm42_on(llm42_server, plain_server):
-    """A normal request, sent alone, is bitwise identical with and without --enable-llm42."""
+    """A normal request, sent alone, is bitwise identical with and without --enable-llm42 (plain
+    SGLang with --enable-fp32-lm-head: llm42's default fp32 logits are SGLang's fp32 LM head
+    without its per-step weight copy)."""
     for prompt in ["The capital of France is", "def add(a, b):"]:
         on = generate(llm42_server.url, prompt, det=None, max_new_tokens=16)
         off = generate(plain_server.url, prompt, det=None, max_new_tokens=16)

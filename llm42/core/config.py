@@ -14,7 +14,8 @@ import math
 from dataclasses import Field, dataclass, field, fields, replace
 
 # Prompts this long or longer prefill alone by default (see Llm42Config.solo_prefill_threshold):
-# 16 rows of W = 64, two full B = 8 passes, cost about as much as a solo prefill of 1,024 tokens.
+# 64 rows of W = 16, two full B = 32 passes (512 tokens each), cost about as much as a solo prefill
+# of 1,024 tokens.
 DEFAULT_SOLO_PREFILL_MIN_TOKENS = 1024
 
 
@@ -30,10 +31,10 @@ def _setting(default, flag: str | None, help: str, *, echo_as: str | None = None
 @dataclass(frozen=True)
 class Llm42Config:
     window_size: int = _setting(
-        64, "--llm42-window-size",
+        16, "--llm42-window-size",
         "Tokens decoded per deterministic request before they are verified (W).")
     verify_batch_size: int = _setting(
-        8, "--llm42-verify-batch-size",
+        32, "--llm42-verify-batch-size",
         "Rows per verification pass (B); the pass always has B x W tokens.")
     inject_mismatch_rate: float = _setting(
         0.0, "--llm42-inject-mismatch-rate",
@@ -86,7 +87,7 @@ class Llm42Config:
         "prompts); 0: every prompt is batched. Default: 1024, or 0 with --llm42-prefix-cache.",
         echo_as="solo_prefill_threshold")
     fp32_logits: bool = _setting(
-        False, "--llm42-fp32-logits",
+        True, "--llm42-fp32-logits",
         "Compute the LM head's logits in fp32 (bf16 inputs, fp32 accumulation and output, one "
         "read of the bf16 weights) for every request of the server, instead of rounding them "
         "to bf16. bf16 logits quantize near-ties, so tiny differences between the decode batch "
