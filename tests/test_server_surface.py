@@ -35,7 +35,8 @@ FLAGS = ("--enable-llm42", "--llm42-window-size", "--llm42-verify-batch-size",
          "--llm42-batched-prefill", "--no-llm42-batched-prefill",
          "--llm42-solo-prefill-min-tokens", "--llm42-timeline-dir",
          "--llm42-max-passes-per-step", "--llm42-defer-verify-on-prefill",
-         "--llm42-overlap-verify", "--llm42-benchmark-modes")
+         "--llm42-overlap-verify", "--llm42-benchmark-modes",
+         "--llm42-allow-unproven-backend")
 BAD_FLAGS = [
     (["--llm42-window-size", "0"], "--llm42-window-size"),  # zero window
     (["--llm42-window-size", "-3"], "--llm42-window-size"),  # negative window
@@ -51,6 +52,10 @@ BAD_FLAGS = [
     (["--no-llm42-batched-prefill", "--llm42-solo-prefill-min-tokens", "512"],
      "--no-llm42-batched-prefill"),  # a threshold between paths, with one path left
 ]
+# A backend without a determinism proof (SGLang accepts the name on CPU: nothing runs it before
+# the scheduler starts), refused, then started with the override.
+UNPROVEN_BACKEND = ["--attention-backend", "flashinfer"]
+OVERRIDE = "--llm42-allow-unproven-backend"
 GOOD_FLAGS = ["--llm42-window-size", "16", "--llm42-verify-batch-size", "2",
               "--llm42-max-verify-wait", "3", "--llm42-solo-prefill-min-tokens", "300"]
 
@@ -67,6 +72,7 @@ from sglang.srt.plugins import load_plugins
 main = inspect.getsource(launcher).split('if __name__ == "__main__":', 1)[1]
 assert main.index("load_plugins()") < main.index("prepare_server_args(sys.argv[1:])"), main
 load_plugins()
+from llm42.sglang.backend_gate import check_server_args
 results = []
 for argv in json.loads(sys.argv[1]):
     out, err, res = io.StringIO(), io.StringIO(), {}
@@ -77,6 +83,12 @@ for argv in json.loads(sys.argv[1]):
                 "enable_llm42", "llm42_window_size", "llm42_verify_batch_size",
                 "llm42_max_verify_wait", "llm42_solo_prefill_min_tokens",
                 "disable_overlap_schedule", "sampling_backend")}}
+            # What the scheduler's backend gate reports in /llm42_stats (scheduler_init_hook
+            # makes this call on the same args; tests/test_backend_gate.py drives that hook).
+            res["gate"] = {"attention_backend": args.attention_backend,
+                           "unproven_backend": check_server_args(
+                               args, allow_unproven=args.llm42_allow_unproven_backend
+                           ).unproven_backend}
         except SystemExit as exc:
             res = {"code": exc.code}
     results.append({**res, "stdout": out.getvalue(), "stderr": err.getvalue()})
@@ -86,9 +98,12 @@ print("\nRESULTS " + json.dumps(results))
 
 @pytest.fixture(scope="module")
 def parsed_launch_args(tiny_model) -> list[dict]:
-    """[--help, GOOD_FLAGS, *BAD_FLAGS] through the launcher's own parse path, in one process."""
+    """[--help, GOOD_FLAGS, *BAD_FLAGS, unproven backend, with the override] through the
+    launcher's own parse path, in one process."""
     argvs = [["--help"], _model_args(tiny_model) + GOOD_FLAGS]
     argvs += [_model_args(tiny_model) + args for args, _ in BAD_FLAGS]
+    argvs += [_model_args(tiny_model) + UNPROVEN_BACKEND,
+              _model_args(tiny_model) + UNPROVEN_BACKEND + [OVERRIDE]]
     res = subprocess.run([sys.executable, "-c", _PARSE_SCRIPT, json.dumps(argvs)],
                          capture_output=True, text=True, timeout=300,
                          env={**os.environ, **cpu_server_env()})
@@ -121,6 +136,21 @@ def test_bad_flag_values_are_rejected(parsed_launch_args, index):
     res = parsed_launch_args[2 + index]
     assert res["code"] not in (0, None, "accepted"), "a bad llm42 flag must stop the launch"
     assert "llm42: error" in res["stderr"] and needle in res["stderr"], res["stderr"][-2000:]
+
+
+def test_unproven_attention_backend_stops_the_launch_unless_overridden(parsed_launch_args):
+    """The gate sees the backend SGLang resolved; the override starts and reports it."""
+    refused, overridden = parsed_launch_args[-2:]
+    assert refused["code"] == 2, refused
+    error = refused["stderr"][refused["stderr"].index("llm42: error:"):]
+    for needle in ("attention backend flashinfer", "triton", "torch_native", OVERRIDE):
+        assert needle in error, error
+    assert overridden["code"] == "accepted", overridden["stderr"][-2000:]
+    assert "llm42: warning:" in overridden["stderr"] and OVERRIDE in overridden["stderr"]
+    assert overridden["gate"] == {"attention_backend": "flashinfer",
+                                  "unproven_backend": "flashinfer"}
+    good = parsed_launch_args[1]  # torch_native: proven, nothing to report
+    assert good["gate"] == {"attention_backend": "torch_native", "unproven_backend": None}
 
 
 def test_bad_flag_value_stops_the_real_launch(tiny_model):

@@ -30,6 +30,7 @@ PUBLISHED_FLAGS = {
     "llm42_timeline_dir": None,
     "llm42_benchmark_modes": False,
     "llm42_fp32_logits": True,
+    "llm42_allow_unproven_backend": False,
 }
 
 # A value other than the default for every setting (a bool flips).
@@ -39,6 +40,7 @@ OTHER_VALUES = {
     "defer_verify_on_prefill": True, "overlap_verify": True, "batched_prefill": False,
     "prefix_cache": True, "solo_prefill_min_tokens": 300, "benchmark_modes": True,
     "fp32_logits": False,
+    "allow_unproven_backend": True,
 }
 
 

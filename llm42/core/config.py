@@ -102,6 +102,11 @@ class Llm42Config:
         "and injected runs, and a window sweep). A window switch needs an idle server: with "
         "deterministic requests in flight it is refused (409). Off (default): the endpoint "
         "answers 403, since skip_compare turns determinism off.")
+    allow_unproven_backend: bool = _setting(
+        False, "--llm42-allow-unproven-backend",
+        "Experiments only: start even though the attention backend SGLang resolved has no "
+        "determinism proof (proven: triton on GPU, torch_native on CPU); logs a warning and "
+        "/llm42_stats reports the backend as unproven_backend. Without it such a launch stops.")
 
     def echo(self) -> dict:
         """Every echoed setting by field name, resolved (`echo_as`): what `/llm42_stats` reports."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from llm42.core.verify_round import withhold_finish
 from llm42.core.window import DetRequestState
-from llm42.sglang import kv_rollback, prefill_faults, runtime
+from llm42.sglang import backend_gate, kv_rollback, prefill_faults, runtime
 from llm42.sglang.keys import META_KEYS
 from llm42.sglang.request_fields import is_deterministic_params
 from llm42.sglang.request_state import attach, det_state, of
@@ -30,7 +30,13 @@ def scheduler_init_hook(result, scheduler, *args, **kwargs):
         raise ValueError(f"llm42 supports --page-size 1 only (got {page_size}).")
     if not scheduler.spec_algorithm.is_none():
         raise ValueError("llm42 cannot be combined with speculative decoding.")
-    runtime.install(scheduler, config)
+    # Checked at launch already (server_args.from_cli_args_hook); again here for any path that
+    # builds the server args otherwise, and for the backend the stats report.
+    verdict = backend_gate.check_server_args(
+        scheduler.server_args, allow_unproven=config.allow_unproven_backend)
+    if not verdict.allowed:
+        raise ValueError(f"llm42: {verdict.message}")
+    runtime.install(scheduler, config, unproven_backend=verdict.unproven_backend)
 
 
 class _CounterView:

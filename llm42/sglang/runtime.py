@@ -30,9 +30,13 @@ IN_VERIFY_PASS = False
 
 
 class Llm42Runtime:
-    def __init__(self, scheduler: Scheduler, config: Llm42Config):
+    def __init__(self, scheduler: Scheduler, config: Llm42Config,
+                 unproven_backend: str | None = None):
         self.scheduler = scheduler
         self.config = config
+        # An attention backend without a determinism proof, started with
+        # --llm42-allow-unproven-backend (see backend_gate); None: every backend is proven.
+        self.unproven_backend = unproven_backend
         self.stats = Llm42Stats()
         self.injector = MismatchInjector(config.inject_mismatch_rate, config.seed)
         self.vocab_size = scheduler.model_config.vocab_size
@@ -79,6 +83,7 @@ class Llm42Runtime:
             enabled=True,
             overlap_schedule=self.overlap,
             benchmark_mode_refusal=self.mode_refusal,
+            unproven_backend=self.unproven_backend,
             timeline=timeline_path(),
         )
         return snap
@@ -97,9 +102,14 @@ def timeline_path() -> str | None:
     return str(TIMELINE.path) if TIMELINE is not None else None
 
 
-def install(scheduler: Scheduler, config: Llm42Config) -> Llm42Runtime:
+def install(scheduler: Scheduler, config: Llm42Config,
+            unproven_backend: str | None = None) -> Llm42Runtime:
     global RUNTIME
-    RUNTIME = Llm42Runtime(scheduler, config)
+    RUNTIME = Llm42Runtime(scheduler, config, unproven_backend)
+    if unproven_backend is not None:
+        logger.warning("llm42 runs on attention backend %s, which has no determinism proof "
+                       "(--llm42-allow-unproven-backend): deterministic requests may depend on "
+                       "their batch mates", unproven_backend)
     logger.info(
         "llm42 enabled: window %d, verify batch %d, max verify wait %d, inject mismatch rate "
         "%.3f%s",

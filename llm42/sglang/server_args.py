@@ -11,6 +11,7 @@ import sys
 import typing
 
 from llm42.core.config import Llm42Config, setting_fields
+from llm42.sglang import backend_gate
 
 _GROUP = "llm42 (selective deterministic inference)"
 _ENABLE_HELP = ("Serve requests that carry is_deterministic=true bitwise-reproducibly (decode on "
@@ -81,6 +82,15 @@ def from_cli_args_hook(original, cls, args: argparse.Namespace):
         if values["llm42_prefix_cache"] and server_args.disable_radix_cache:
             _fail("--llm42-prefix-cache shares KV through SGLang's radix cache: drop "
                   "--disable-radix-cache")
+        # After SGLang's auto-selection (ServerArgs.__post_init__): the backends the model
+        # runner will build, checked before any process or kernel starts.
+        verdict = backend_gate.check_server_args(
+            server_args, allow_unproven=values["llm42_allow_unproven_backend"],
+            auto_selected=_no_backend_given(args))
+        if not verdict.allowed:
+            _fail(verdict.message)
+        if verdict.message:
+            print(f"llm42: warning: {verdict.message}", file=sys.stderr)
     server_args.override("llm42", **values)
     return server_args
 
@@ -105,6 +115,11 @@ def _context_length(server_args) -> int | None:
         return server_args.get_model_config().context_len
     except Exception:
         return None  # checked again in the scheduler, where the model config is loaded
+
+
+def _no_backend_given(args: argparse.Namespace) -> bool:
+    return not any(getattr(args, name, None) for name in (
+        "attention_backend", "prefill_attention_backend", "decode_attention_backend"))
 
 
 def _fail(message: str):

@@ -1,0 +1,66 @@
+"""The attention-backend gate of `--enable-llm42`: serve only on backends whose determinism has
+been proven, since that is where a silent break of the guarantee would come from.
+
+A verification pass is reproducible only if each row's attention is computed independently of
+the pass's other rows. Backends that pick their KV-split strategy from the whole batch's shape
+(FlashInfer, FA3: SGLang's deterministic mode pins their splits) may give a row different bits
+next to different rows. Which backends keep rows independent is a measured fact, not a property
+llm42 can check at startup, hence a list of the proven ones (`PROVEN_BACKENDS`):
+
+    verdict = check("flashinfer", "flashinfer", allow_unproven=False)
+    verdict.allowed, verdict.message  # False, "attention backend flashinfer has no ..."
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Backend -> where its determinism was proven. Add a backend only with its proof committed.
+PROVEN_BACKENDS: dict[str, str] = {
+    "triton": "GPU: the H200 determinism proofs in benchmarks/results/",
+    "torch_native": "CPU: the test suite",
+}
+OVERRIDE_FLAG = "--llm42-allow-unproven-backend"
+
+
+@dataclass(frozen=True)
+class BackendVerdict:
+    """`unproven_backend`: the unproven backend(s) in use, as `/llm42_stats` reports them (None:
+    every backend in use is proven); `message`: the refusal when not `allowed`, else the warning
+    of an override (None when nothing is unproven)."""
+
+    allowed: bool
+    unproven_backend: str | None
+    message: str | None
+
+
+def check(prefill: str, decode: str, *, allow_unproven: bool,
+          auto_selected: bool = False) -> BackendVerdict:
+    """The verdict on SGLang's resolved (prefill, decode) attention backends. Both count: the
+    passes run as prefills, and a server that splits the two runs a combination of its own.
+    `auto_selected`: no backend was given, SGLang chose it (worth saying: the user never did)."""
+    unproven = [name for name in dict.fromkeys((prefill, decode)) if name not in PROVEN_BACKENDS]
+    if not unproven:
+        return BackendVerdict(allowed=True, unproven_backend=None, message=None)
+    found = prefill if prefill == decode else f"{prefill} (prefill) / {decode} (decode)"
+    chosen = " (SGLang's default here: no --attention-backend was given)" if auto_selected else ""
+    proven = ", ".join(f"{name} ({where.split(':')[0]})" for name, where in PROVEN_BACKENDS.items())
+    problem = (f"attention backend {found}{chosen} has no determinism proof for llm42's "
+               f"verification pass (proven: {proven})")
+    if allow_unproven:
+        return BackendVerdict(
+            allowed=True, unproven_backend=", ".join(unproven),
+            message=f"{problem}; started anyway because of {OVERRIDE_FLAG}: deterministic "
+                    "requests may depend on their batch mates")
+    return BackendVerdict(
+        allowed=False, unproven_backend=", ".join(unproven),
+        message=f"{problem}. Serve with --attention-backend triton, or pass {OVERRIDE_FLAG} "
+                "to start anyway for experiments (deterministic requests may then depend on "
+                "their batch mates)")
+
+
+def check_server_args(server_args, *, allow_unproven: bool,
+                      auto_selected: bool = False) -> BackendVerdict:
+    """`check` on a resolved `ServerArgs`: the backends the model runner will build."""
+    prefill, decode = server_args.get_attention_backends()
+    return check(prefill, decode, allow_unproven=allow_unproven, auto_selected=auto_selected)
