@@ -68,6 +68,8 @@ def _scheduling_label(stats: dict, window: int | None) -> str:
         label += " defer-on-prefill"
     if stats.get("overlap_verify"):
         label += " overlap-verify"
+    if stats.get("fp32_logits"):
+        label += " fp32-logits"
     return label
 
 
