@@ -29,12 +29,8 @@ whose last real entry predicts o_0; it behaves as window k = -1 with candidates 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 from llm42.core.errors import InvariantError
-
-if TYPE_CHECKING:
-    from llm42.core.decision import VerifyDecision
+from llm42.core.verify_decision import VerifyDecision
 
 
 @dataclass(eq=False)
