@@ -118,12 +118,8 @@ def write_report(jsonl: Path, out_dir: Path) -> list[dict]:
 
 
 def _hardware() -> str:
-    import os
-    import platform
-
     gpu = env_info.gpu_name()
-    return gpu if gpu != "cpu" else f"cpu: {platform.processor() or platform.machine()}, " \
-        f"{os.cpu_count()} cores"
+    return gpu if gpu != "cpu" else f"cpu: {env_info.cpu_model()}"
 
 
 def run(args, base_url: str) -> list[dict]:

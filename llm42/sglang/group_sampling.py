@@ -58,14 +58,16 @@ def _batch_kind(info):
 
 
 def row_kinds(info) -> list[tuple]:
-    """Each row's kind, from its own parameters (one device-to-host copy)."""
+    """Each row's kind, from its own parameters (one device-to-host copy). A row draws by
+    vocabulary id when it is deterministic and truncated: any of its top-p / top-k / min-p flags
+    (greedy rows have none)."""
     from sglang.srt.sampling.sampling_params import TOP_K_ALL
 
     greedy = info.top_ks <= 1
     flags = torch.stack([greedy, ~greedy & (info.top_ps != 1.0),
                          ~greedy & (info.top_ks != TOP_K_ALL), ~greedy & (info.min_ps > 0)], dim=1)
-    by_id = vocab_noise.needs_vocab_noise(info)
-    return [(*row, by_id[i]) for i, row in enumerate(flags.tolist())]
+    det = det_rows.of(info)
+    return [(*row, det[i] and any(row[1:])) for i, row in enumerate(flags.tolist())]
 
 
 def _for_kind(info, kind):

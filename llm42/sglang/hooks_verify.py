@@ -39,9 +39,8 @@ def next_batch_hook(original, scheduler, running_batch, last_batch):
     if rt is not None:
         if rt.step_kind is not None:
             rt.stats.observe_step(rt.step_kind, now - rt.step_started)
-        mates = (running_batch.reqs if running_batch is not None else []) + (
-            last_batch.reqs if last_batch is not None else [])
-        if in_flight.in_flight(scheduler) and penalty_rewind.needs_fed_outputs(mates):
+        if in_flight.in_flight(scheduler) and penalty_rewind.needs_fed_outputs(
+                [r for b in (running_batch, last_batch) if b is not None for r in b.reqs]):
             in_flight.drain(scheduler)  # penalizers must see every token before the next step
         if running_batch is not None and running_batch.reqs:
             verify_due(rt, scheduler, running_batch)

@@ -23,22 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from llm42.sglang import det_rows
-
 GROUP_ATTR = "llm42_vocab_noise"  # set on the per-kind copy of a SamplingBatchInfo
 _TWO_32 = float(1 << 32)
-
-
-def needs_vocab_noise(info) -> list[bool]:
-    """Rows of `info` that draw here: deterministic and truncated (top-k, top-p or min-p)."""
-    from sglang.srt.sampling.sampling_params import TOP_K_ALL
-
-    flags = det_rows.of(info)
-    if not any(flags):
-        return flags
-    truncated = ((info.top_ks > 1) & ((info.top_ks != TOP_K_ALL) | (info.top_ps != 1.0)
-                                      | (info.min_ps > 0))).tolist()
-    return [d and t for d, t in zip(flags, truncated)]
 
 
 def keep_mask(probs: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor,
