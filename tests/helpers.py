@@ -64,6 +64,7 @@ def det_request(url: str, prompt: str | list[int], max_new_tokens: int, **kw):
 
 def _unpack(out: dict, ids):
     meta = out["meta_info"]
+    meta.setdefault("text", out.get("text"))  # the output text, for constraint checks
     lps = [t[0] for t in meta.get("output_token_logprobs", [])]
     return list(ids), lps, meta
 

@@ -198,20 +198,6 @@ def test_deterministic_without_enable_flag_is_400(plain_server, endpoint):
     assert _post(plain_server.url, endpoint, False, timeout=60).status_code == 200
 
 
-@pytest.mark.parametrize(
-    "extra, needle",
-    [
-        ({"json_schema": '{"type": "object"}'}, "json_schema"),
-    ],
-)
-def test_unsupported_features_are_rejected_for_deterministic(llm42_server, extra, needle):
-    sp = {"max_new_tokens": 4, "is_deterministic": True, **extra}
-    r = requests.post(llm42_server.url + "/generate",
-                      json={"text": "Hello", "sampling_params": sp}, timeout=60)
-    assert r.status_code == 400, r.text
-    assert needle in r.text
-
-
 def test_normal_requests_unchanged_with_llm42_on(llm42_server, plain_server):
     """A normal request, sent alone, is bitwise identical with and without --enable-llm42 (plain
     SGLang with --enable-fp32-lm-head: llm42's default fp32 logits are SGLang's fp32 LM head

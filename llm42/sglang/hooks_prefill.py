@@ -9,6 +9,8 @@ only.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from llm42.sglang import prefix_cache, runtime
@@ -19,11 +21,16 @@ def prefill_batch_hook(original, scheduler, *args, **kwargs):
     """AROUND Scheduler._get_new_batch_prefill_raw: a deterministic prefill runs alone, unless
     its prompt is verified afterwards (batched prefill, the default): then it joins any batch."""
     rt = runtime.RUNTIME
-    queue = scheduler.waiting_queue
-    chunked = scheduler.chunked_req
     running = kwargs.get("running_batch", args[1] if len(args) > 1 else None)
     if rt is None or _admits_nothing(scheduler, running):
         return original(scheduler, *args, **kwargs)
+    with _grammars_admitted_first(scheduler):
+        return _split_queue(rt, original, scheduler, *args, **kwargs)
+
+
+def _split_queue(rt, original, scheduler, *args, **kwargs):
+    queue = scheduler.waiting_queue
+    chunked = scheduler.chunked_req
     for req in (*queue, chunked):
         _choose_prompt_path(rt, req)
     alone = [_prefills_alone(r) for r in queue]
@@ -50,6 +57,25 @@ def prefill_batch_hook(original, scheduler, *args, **kwargs):
         merged = [r for r in queue if id(r) in keep]
         merged += [r for r in left if id(r) not in queued]  # e.g. retracted by the original
         scheduler.waiting_queue = merged
+
+
+@contextmanager
+def _grammars_admitted_first(scheduler):
+    """Requests whose grammar has compiled join the waiting queue before it is split, and the
+    grammar queue is out of the original's sight meanwhile.
+
+    The original admits them itself, first thing: into the split queue, where a deterministic
+    request that must prefill alone would join the batch of another (its o_0 would then depend
+    on that batch)."""
+    manager = scheduler.grammar_manager
+    if manager.has_waiting_grammars():
+        for req in manager.get_ready_grammar_requests():
+            scheduler._add_request_to_queue(req)
+    held, manager.grammar_queue = manager.grammar_queue, []
+    try:
+        yield
+    finally:
+        manager.grammar_queue = held + manager.grammar_queue
 
 
 def _admits_nothing(scheduler, running_batch) -> bool:

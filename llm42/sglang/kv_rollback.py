@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from llm42.sglang import penalty_rewind
+from llm42.sglang import grammar_replay, penalty_rewind
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
@@ -43,6 +43,7 @@ def truncate_output(
 ) -> int:
     """Drop output tokens [new_len, n) and their KV; return the number of freed KV slots."""
     n = len(req.output_ids)
+    grammar_replay.rewind(req, new_len)  # also a token it accepted past the output (module doc)
     if new_len >= n:
         return 0
     num_freed = n - new_len
@@ -81,6 +82,7 @@ def replace_tail(
     the last token, which has no KV yet: it is the next decode input."""
     num_freed = truncate_output(scheduler, req, index + 1, batch)
     req.output_ids[index] = token_id
+    grammar_replay.replace_last(req, index, token_id)
     if req.req_pool_idx is not None:
         scheduler.future_map.output_tokens_buf[req.req_pool_idx] = token_id
     return num_freed

@@ -19,14 +19,10 @@ _INT32_MAX = (1 << 31) - 1  # SGLang's sampler keeps top_k in an int32 tensor
 _INTERNAL_SAMPLING = {"stop_strs", "stop_regex_strs", "stop_str_max_len", "stop_regex_max_len",
                       "is_normalized"}
 
-# Sampling features the verifier does not replay exactly: rejected for deterministic requests.
-_UNSUPPORTED_SAMPLING = {
-    "json_schema": (lambda v: v is not None, "json_schema / response_format"),
-    "regex": (lambda v: v is not None, "regex"),
-    "ebnf": (lambda v: v is not None, "ebnf"),
-    "structural_tag": (lambda v: v is not None, "structural_tag"),
-    "stop_regex": (lambda v: bool(v), "stop_regex"),
-}
+# Constrained decoding: replayed by the verifier through the request's xgrammar matcher
+# (`grammar_replay`), which other grammar backends do not offer.
+_GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
+# Request features the verifier does not replay exactly: rejected for deterministic requests.
 _UNSUPPORTED_REQUEST = {
     "return_hidden_states": (lambda v: bool(v), "return_hidden_states"),
     "lora_path": (lambda v: v is not None, "LoRA adapters"),
@@ -56,11 +52,20 @@ def parse_flag(value: Any, *, enabled: bool) -> bool:
 
 
 def unsupported_features(sampling: dict, request: Any) -> list[str]:
-    found = [name for key, (bad, name) in _UNSUPPORTED_SAMPLING.items() if bad(sampling.get(key))]
-    found += [
+    found = [
         name for key, (bad, name) in _UNSUPPORTED_REQUEST.items() if bad(getattr(request, key, None))
     ]
     return sorted(set(found))
+
+
+def grammar_backend_problem(sampling: dict, grammar_backend: str | None) -> str | None:
+    """Deterministic requests with a grammar need SGLang's xgrammar backend (its default)."""
+    used = [key for key in _GRAMMAR_FIELDS if sampling.get(key) is not None]
+    if not used or grammar_backend in (None, "xgrammar"):
+        return None
+    return (f"'{used[0]}' needs --grammar-backend xgrammar (this server runs "
+            f"{grammar_backend!r}): llm42 replays the grammar for verification through "
+            "xgrammar's matcher")
 
 
 def check_sampling_seed(sampling: dict) -> None:
@@ -207,6 +212,10 @@ def create_tokenized_object_hook(self, obj, *args, **kwargs):
         input_ids = kwargs.get("input_ids", args[1] if len(args) > 1 else None)
         problems = (sampling_type_problems(sampling) + request_problems(obj, vocab)
                     + input_ids_problems(input_ids, vocab))
+        grammar = grammar_backend_problem(
+            sampling, getattr(self.server_args, "grammar_backend", None))
+        if grammar:
+            problems.append(grammar)
         if problems:
             raise ValueError(f"Invalid deterministic request ('{FIELD}': true): "
                              + "; ".join(problems) + ".")

@@ -172,7 +172,7 @@ def _sample_rows(scheduler, vpass: VerifyPass, reqs, entries, logits):
         return [None if row.is_pad else RowResult([], [], [], []) for row in vpass.rows]
     entry_reqs = [reqs[r] for r, _ in entries]
     entry_positions = [vpass.rows[r].positions[j] for r, j in entries]
-    # min_new_tokens and logit_bias, as SGLang's model runner adds them before its Sampler
+    # penalties, grammar masks and logit_bias, as SGLang's model runner adds them before sampling
     verify_logits.apply(logits, entry_reqs, [verify_logits.output_index(req, p)
                                              for req, p in zip(entry_reqs, entry_positions)])
     out = LogitsProcessorOutput(next_token_logits=logits)

@@ -7,7 +7,7 @@ batch's SamplingBatchInfo, whose penalties are pre-accumulated (`update_penaltie
 1. `logits += acc`, acc = zeros - frequency - presence + min_new_tokens mask (float32; the sum
    is the same in any order: 0 - f is exact and each later term is one rounding, or -inf);
 2. `apply_scaling_penalties(logits, repetition)`;
-3. the grammar mask (rejected for deterministic requests);
+3. the grammar mask (`grammar_replay.apply_masks`: the matcher's bitmask before that token);
 4. `logits += logit_bias`.
 
 The verifier samples through the same Sampler with a SamplingBatchInfo of its own, so it applies
@@ -34,6 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from llm42.sglang import grammar_replay
 
 
 @dataclass
@@ -73,6 +75,7 @@ def apply(logits: torch.Tensor, reqs: list, output_indices: list[int]) -> None:
         from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
 
         apply_scaling_penalties(logits, scaling)
+    grammar_replay.apply_masks(logits, reqs, output_indices)
     biased = [i for i, req in enumerate(reqs) if req.sampling_params.logit_bias]
     if biased:
         bias = torch.zeros_like(logits)
