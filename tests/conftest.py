@@ -110,6 +110,31 @@ def plain_server(tiny_model, tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def lora_adapters(tiny_model, tmp_path_factory) -> dict[str, str]:
+    """Two random adapters of different ranks and targets (both change the tiny model's output)."""
+    from llm42.models import write_random_lora
+
+    root = tmp_path_factory.mktemp("lora")
+    return {"a": write_random_lora(root / "a", base_dir=tiny_model, seed=1, rank=8,
+                                   dtype="bfloat16"),
+            "b": write_random_lora(root / "b", base_dir=tiny_model, seed=2, rank=4,
+                                   dtype="bfloat16", targets=("q_proj", "v_proj", "down_proj"))}
+
+
+@pytest.fixture(scope="session")
+def lora_server(tiny_model, lora_adapters, tmp_path_factory):
+    """SGLang's CPU LoRA (torch-native backend) with two adapters; llm42's defaults for prompts
+    (batched prefill) plus the prefix cache, and half of all windows forced to mismatch."""
+    args = [a for a in _llm42_args(rate=0.5) if a != "--no-llm42-batched-prefill"]
+    args += ["--llm42-prefix-cache", "--enable-lora", "--lora-backend", "torch_native",
+             "--max-loras-per-batch", "3", "--max-lora-rank", "8",
+             "--lora-paths", *(f"{name}={path}" for name, path in lora_adapters.items())]
+    server = _start(tiny_model, args, "lora", tmp_path_factory)
+    yield server
+    server.stop()
+
+
 def wait_idle_and_healthy(server, timeout: float = 120.0) -> None:
     """SGLang's strict idle leak check kills the scheduler on a leaked KV slot or request row;
     so a server that is idle and still answers /health has leaked nothing. (The scheduler runs
@@ -132,7 +157,7 @@ def wait_idle_and_healthy(server, timeout: float = 120.0) -> None:
 @pytest.fixture(autouse=True)
 def _servers_stay_clean(request):
     yield
-    for name in ("llm42_server", "inject_server", "batched_server", "plain_server"):
+    for name in ("llm42_server", "inject_server", "batched_server", "plain_server", "lora_server"):
         if name in request.fixturenames:
             wait_idle_and_healthy(request.getfixturevalue(name))
 

@@ -13,7 +13,13 @@ from types import SimpleNamespace
 import pytest
 
 from llm42.sglang import runtime
-from llm42.sglang.backend_gate import OVERRIDE_FLAG, PROVEN_BACKENDS, check
+from llm42.sglang.backend_gate import (
+    OVERRIDE_FLAG,
+    PROVEN_BACKENDS,
+    PROVEN_LORA_BACKENDS,
+    check,
+    check_server_args,
+)
 
 CASES = [
     # (prefill, decode, allow_unproven) -> (allowed, unproven_backend)
@@ -49,6 +55,33 @@ def test_the_refusal_says_how_to_fix_it_and_when_sglang_chose_the_backend():
     assert "--attention-backend triton" in refused.message
     assert "no --attention-backend was given" in refused.message
     assert "no --attention-backend" not in check("fa3", "fa3", allow_unproven=False).message
+
+
+@pytest.mark.parametrize("lora, allow, allowed, unproven", [
+    ("torch_native", False, True, None),  # the CPU LoRA proofs' backend
+    ("csgmv", False, False, "lora:csgmv"),  # SGLang's GPU default: segments from the batch
+    ("triton", True, True, "lora:triton"),  # override: starts, reported
+])
+def test_lora_backends_are_gated_too(lora, allow, allowed, unproven):
+    verdict = check("triton", "triton", allow_unproven=allow, lora_backend=lora)
+    assert (verdict.allowed, verdict.unproven_backend) == (allowed, unproven)
+    if unproven:
+        assert f"LoRA backend {lora}" in verdict.message and OVERRIDE_FLAG in verdict.message
+        assert all(name in verdict.message for name in PROVEN_LORA_BACKENDS)
+    if not allowed:
+        assert "--lora-backend torch_native" in verdict.message
+        assert "--attention-backend" not in verdict.message  # triton is proven
+    both = check("fa3", "fa3", allow_unproven=False, lora_backend="csgmv")
+    assert both.unproven_backend == "fa3, lora:csgmv"
+
+
+def test_lora_backend_counts_only_with_lora_on():
+    def args(enable_lora):
+        return SimpleNamespace(get_attention_backends=lambda: ("triton", "triton"),
+                               enable_lora=enable_lora, lora_backend="csgmv")
+
+    assert check_server_args(args(False), allow_unproven=False).allowed
+    assert not check_server_args(args(True), allow_unproven=False).allowed
 
 
 def _scheduler(prefill: str, decode: str, allow: bool) -> SimpleNamespace:

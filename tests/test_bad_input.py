@@ -97,20 +97,20 @@ def _answers(server):
 
 # ------------------------------------------------------------ features a deterministic request
 # cannot use: (native sampling_params, native top level, OpenAI top level, needle, contrast).
-# Structured output and stop_regex are served: tests/test_det_structured_output.py.
+# Structured output and stop_regex are served (tests/test_det_structured_output.py), and so is
+# LoRA (tests/test_det_lora.py).
 # `contrast`: the same request without is_deterministic is served (200): the 400 is llm42's.
 
 FEATURES = [
     ("return_hidden_states", {}, {"return_hidden_states": True},
      {"return_hidden_states": True}, False),
-    ("lora_path", {}, {"lora_path": "my-adapter"}, {"lora_path": "my-adapter"}, False),
     # llm42 never verifies these logprobs (and SGLang 0.5.17's CPU path crashes on them).
     ("token_ids_logprob", {}, {"return_logprob": True, "token_ids_logprob": [1, 2]}, None,
      False),
 ]
-# SGLang itself rejects these before llm42 sees the request on this server (no LoRA, no hidden
-# states): its message names the feature, not is_deterministic.
-_NEEDLES = {"return_hidden_states": r"hidden.states", "lora_path": r"lora"}
+# SGLang itself rejects this before llm42 sees the request on this server (no hidden states):
+# its message names the feature, not is_deterministic.
+_NEEDLES = {"return_hidden_states": r"hidden.states"}
 
 
 @pytest.mark.parametrize("endpoint", ENDPOINTS)
@@ -132,7 +132,7 @@ def test_unsupported_features_are_400_naming_them(llm42_server, endpoint):
             status, text, _ = _call(url, endpoint,
                                     _body(endpoint, det=_ABSENT, sampling=sampling, top=top))
             assert status == 200, f"{name}: without is_deterministic it is served: {text}"
-    assert checked >= 2
+    assert checked == (2 if endpoint == "generate" else 1)
 
 
 def test_rejected_request_streaming_is_an_error_event(llm42_server):
@@ -145,7 +145,8 @@ def test_rejected_request_streaming_is_an_error_event(llm42_server):
 
 
 def test_request_level_features_rejected_by_llm42_itself():
-    """Where SGLang would serve them (LoRA / hidden states enabled), llm42 rejects them too."""
+    """Where SGLang would serve them (hidden states enabled), llm42 rejects them too; LoRA is
+    served."""
 
     class Req:
         return_hidden_states = True
@@ -156,7 +157,7 @@ def test_request_level_features_rejected_by_llm42_itself():
         token_ids_logprob = None
 
     found = request_fields.unsupported_features({}, Req())
-    assert "return_hidden_states" in found and "LoRA adapters" in found
+    assert found == ["return_hidden_states"]
 
 
 def test_validation_helpers_name_the_field():

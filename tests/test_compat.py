@@ -223,3 +223,28 @@ def test_grammar_bitmask_stand_ins_allocate_unpinned_and_mask_on_cpu():
     assert torch.isfinite(logits[0, :32]).all() and torch.isfinite(logits[0, 64:]).all()
     assert torch.isfinite(logits[1]).all()
 
+
+
+# -- pinned memory without an accelerator -------------------------------------------------------
+def test_unpinned_memory_makes_pinning_a_noop_without_an_accelerator():
+    """SGLang's LoRA pins host buffers, which CPU-only torch refuses; after `install()` the same
+    calls give ordinary CPU tensors (run in a subprocess: it patches torch)."""
+    code = textwrap.dedent("""
+        import torch
+        try:
+            torch.tensor([1, 2], pin_memory=True)
+            raise SystemExit("pinned memory works here: nothing to test")
+        except RuntimeError:
+            pass
+        from llm42.compat import unpinned_memory
+        assert unpinned_memory.install() and unpinned_memory.install()
+        t = torch.tensor([1, 2], dtype=torch.int32, pin_memory=True)
+        e = torch.empty((3,), dtype=torch.int64, pin_memory=True)
+        assert t.tolist() == [1, 2] and t.dtype == torch.int32 and e.shape == (3,)
+        assert t.pin_memory() is t and not t.is_pinned()
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    if "nothing to test" in out.stderr:
+        pytest.skip("this host has a pinned-memory allocator")
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -145,3 +145,33 @@ def test_concurrent_conversions_agree_on_one_complete_folder(tmp_path, monkeypat
     assert (folder / smollm2.MARKER_FILE).is_file() and (folder / "config.json").is_file()
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
     assert leftovers == [], f"temporary folders left behind: {leftovers}"
+
+
+# -- random LoRA adapters -----------------------------------------------------------------------
+def test_random_lora_has_peft_shapes_and_loads_in_sglang(tmp_path, default_model):
+    from sglang.srt.lora.lora_config import LoRAConfig
+
+    from llm42.models import write_random_lora
+
+    base = Path(write_random_llama(tmp_path / "base", tokenizer_dir=default_model))
+    config = json.loads((base / "config.json").read_text())
+    out = Path(write_random_lora(tmp_path / "lora", base_dir=base, seed=3, rank=4,
+                                 targets=("q_proj", "down_proj")))
+    again = Path(write_random_lora(tmp_path / "again", base_dir=base, seed=3, rank=4,
+                                   targets=("q_proj", "down_proj")))
+    assert ((out / "adapter_model.safetensors").read_bytes()
+            == (again / "adapter_model.safetensors").read_bytes())
+    with safe_open(str(out / "adapter_model.safetensors"), framework="pt") as handle:
+        tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    q = "base_model.model.model.layers.0.self_attn.q_proj"
+    down = "base_model.model.model.layers.0.mlp.down_proj"
+    assert tensors[f"{q}.lora_A.weight"].shape == (4, hidden)
+    assert tensors[f"{down}.lora_A.weight"].shape == (4, inter)
+    assert tensors[f"{down}.lora_B.weight"].shape == (hidden, 4)
+    assert len(tensors) == 2 * 2 * config["num_hidden_layers"]
+    assert all(t.abs().sum() > 0 for t in tensors.values()), "a zero B makes the adapter a no-op"
+    loaded = LoRAConfig(str(out))
+    assert loaded.r == 4 and set(loaded.target_modules) == {"q_proj", "down_proj"}
+    with pytest.raises(ValueError, match="unknown LoRA targets"):
+        write_random_lora(tmp_path / "bad", base_dir=base, targets=("qkv",))

@@ -172,10 +172,17 @@ def write_random_llama(
     shapes = tensor_shapes(config)
     metadata = {"format": "pt", "llm42_preset": preset, "llm42_seed": str(seed),
                 "llm42_std": repr(std)}
-    _write_safetensors(out / "model.safetensors", shapes, dtype, metadata,
+    write_random_tensors(out / "model.safetensors", shapes, seed=seed, std=std, dtype=dtype,
+                         metadata=metadata)
+    return str(out)
+
+
+def write_random_tensors(path: Path, shapes: Mapping[str, tuple[int, ...]], *, seed: int,
+                         std: float, dtype: str, metadata: Mapping[str, str]) -> None:
+    """One safetensors file of seeded N(0, std^2) tensors (norm weights: ones), streamed."""
+    _write_safetensors(path, shapes, dtype, metadata,
                        lambda name, shape: _tensor_chunks(name, shape, seed=seed, std=std,
                                                           dtype=dtype))
-    return str(out)
 
 
 def _copy_tokenizer(src: Path, out: Path) -> list[str]:

@@ -1,11 +1,13 @@
-"""The attention-backend gate of `--enable-llm42`: serve only on backends whose determinism has
-been proven, since that is where a silent break of the guarantee would come from.
+"""The backend gate of `--enable-llm42`: serve only on attention (and LoRA) backends whose
+determinism has been proven, since that is where a silent break of the guarantee would come from.
 
 A verification pass is reproducible only if each row's attention is computed independently of
 the pass's other rows. Backends that pick their KV-split strategy from the whole batch's shape
 (FlashInfer, FA3: SGLang's deterministic mode pins their splits) may give a row different bits
 next to different rows. Which backends keep rows independent is a measured fact, not a property
-llm42 can check at startup, hence a list of the proven ones (`PROVEN_BACKENDS`):
+llm42 can check at startup, hence a list of the proven ones (`PROVEN_BACKENDS`). LoRA kernels
+add to each row an adapter product computed in segments of rows that share an adapter, so they
+are gated the same way (`PROVEN_LORA_BACKENDS`) on a server with `--enable-lora`:
 
     verdict = check("flashinfer", "flashinfer", allow_unproven=False)
     verdict.allowed, verdict.message  # False, "attention backend flashinfer has no ..."
@@ -18,6 +20,10 @@ from dataclasses import dataclass
 # Backend -> where its determinism was proven. Add a backend only with its proof committed.
 PROVEN_BACKENDS: dict[str, str] = {
     "triton": "GPU: the H200 determinism proofs in benchmarks/results/",
+    "torch_native": "CPU: the test suite",
+}
+# LoRA backend -> where its determinism was proven (SGLang's GPU default, csgmv, has no proof yet).
+PROVEN_LORA_BACKENDS: dict[str, str] = {
     "torch_native": "CPU: the test suite",
 }
 OVERRIDE_FLAG = "--llm42-allow-unproven-backend"
@@ -34,19 +40,30 @@ class BackendVerdict:
     message: str | None
 
 
-def check(prefill: str, decode: str, *, allow_unproven: bool,
-          auto_selected: bool = False) -> BackendVerdict:
-    """The verdict on SGLang's resolved (prefill, decode) attention backends. Both count: the
-    passes run as prefills, and a server that splits the two runs a combination of its own.
-    `auto_selected`: no backend was given, SGLang chose it (worth saying: the user never did)."""
+def check(prefill: str, decode: str, *, allow_unproven: bool, auto_selected: bool = False,
+          lora_backend: str | None = None) -> BackendVerdict:
+    """The verdict on SGLang's resolved (prefill, decode) attention backends, and its LoRA
+    backend when LoRA is on. Both attention backends count: the passes run as prefills, and a
+    server that splits the two runs a combination of its own. `auto_selected`: no backend was
+    given, SGLang chose it (worth saying: the user never did)."""
     unproven = [name for name in dict.fromkeys((prefill, decode)) if name not in PROVEN_BACKENDS]
-    if not unproven:
+    lora_unproven = lora_backend is not None and lora_backend not in PROVEN_LORA_BACKENDS
+    if not unproven and not lora_unproven:
         return BackendVerdict(allowed=True, unproven_backend=None, message=None)
-    found = prefill if prefill == decode else f"{prefill} (prefill) / {decode} (decode)"
-    chosen = " (SGLang's default here: no --attention-backend was given)" if auto_selected else ""
-    proven = ", ".join(f"{name} ({where.split(':')[0]})" for name, where in PROVEN_BACKENDS.items())
-    problem = (f"attention backend {found}{chosen} has no determinism proof for llm42's "
-               f"verification pass (proven: {proven})")
+    problems, fixes = [], []
+    if unproven:
+        found = prefill if prefill == decode else f"{prefill} (prefill) / {decode} (decode)"
+        chosen = " (SGLang's default here: no --attention-backend was given)" if auto_selected \
+            else ""
+        problems.append(f"attention backend {found}{chosen} has no determinism proof for "
+                        f"llm42's verification pass (proven: {_listed(PROVEN_BACKENDS)})")
+        fixes.append("--attention-backend triton")
+    if lora_unproven:
+        problems.append(f"LoRA backend {lora_backend} has no determinism proof for llm42's "
+                        f"verification pass (proven: {_listed(PROVEN_LORA_BACKENDS)})")
+        fixes.append("--lora-backend torch_native")
+        unproven.append(f"lora:{lora_backend}")
+    problem = "; ".join(problems)
     if allow_unproven:
         return BackendVerdict(
             allowed=True, unproven_backend=", ".join(unproven),
@@ -54,13 +71,19 @@ def check(prefill: str, decode: str, *, allow_unproven: bool,
                     "requests may depend on their batch mates")
     return BackendVerdict(
         allowed=False, unproven_backend=", ".join(unproven),
-        message=f"{problem}. Serve with --attention-backend triton, or pass {OVERRIDE_FLAG} "
+        message=f"{problem}. Serve with {' and '.join(fixes)}, or pass {OVERRIDE_FLAG} "
                 "to start anyway for experiments (deterministic requests may then depend on "
                 "their batch mates)")
+
+
+def _listed(proven: dict[str, str]) -> str:
+    return ", ".join(f"{name} ({where.split(':')[0]})" for name, where in proven.items())
 
 
 def check_server_args(server_args, *, allow_unproven: bool,
                       auto_selected: bool = False) -> BackendVerdict:
     """`check` on a resolved `ServerArgs`: the backends the model runner will build."""
     prefill, decode = server_args.get_attention_backends()
-    return check(prefill, decode, allow_unproven=allow_unproven, auto_selected=auto_selected)
+    lora = server_args.lora_backend if getattr(server_args, "enable_lora", False) else None
+    return check(prefill, decode, allow_unproven=allow_unproven, auto_selected=auto_selected,
+                 lora_backend=lora)

@@ -66,9 +66,9 @@ def req_init_hook(result, req, *args, **kwargs):
         window_size=runtime.RUNTIME.config.window_size,
         num_prompt_tokens=len(req.origin_input_ids),
     )
-    attach(req, state)
+    fields = attach(req, state)
     # Never match or publish radix-cache prefixes: cached KV was computed by other batches.
-    req.extra_key = f"llm42-det:{req.rid}"
+    fields.sglang_extra_key, req.extra_key = req.extra_key, f"llm42-det:{req.rid}"
     req.skip_radix_cache_insert = True
     req.customized_info = {key: _CounterView(state, attr) for key, attr in META_KEYS.items()}
 

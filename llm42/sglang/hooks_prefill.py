@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import torch
 
 from llm42.sglang import prefix_cache, runtime
-from llm42.sglang.request_state import det_state
+from llm42.sglang.request_state import det_state, of
 
 
 def prefill_batch_hook(original, scheduler, *args, **kwargs):
@@ -106,7 +106,8 @@ def _choose_prompt_path(rt, req) -> None:
     state.verify_prompt = not rt.config.prefills_alone(
         len(req.origin_input_ids), wants_prompt_logprobs)
     if state.verify_prompt and rt.config.prefix_cache:
-        req.extra_key = prefix_cache.namespace(rt.config)  # its prompt KV will be verified
+        # its prompt KV will be verified
+        req.extra_key = prefix_cache.namespace(rt.config, of(req).sglang_extra_key)
 
 
 def _prefills_alone(req) -> bool:

@@ -32,6 +32,9 @@ def register() -> None:
         # GPU-less triton that xgrammar pulls in and fails. Eager mode computes the same values.
         # Set before the scheduler subprocess is spawned, which imports torch afresh.
         os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
+        from llm42.compat import unpinned_memory
+
+        unpinned_memory.install()  # SGLang's LoRA asks for pinned buffers
 
     version = manifest.installed_sglang_version()
     try:

@@ -27,14 +27,17 @@ if TYPE_CHECKING:
     from llm42.core import Llm42Config
 
 
-def namespace(config: Llm42Config) -> str:
-    """Radix-tree `extra_key` of verified prompt KV; rows of another W or B never mix."""
-    return f"llm42-verified:w{config.window_size}:b{config.verify_batch_size}"
+def namespace(config: Llm42Config, extra_key: str | None = None) -> str:
+    """Radix-tree `extra_key` of verified prompt KV: rows of another W or B never mix, and the
+    request's own key (SGLang's LoRA adapter id and cache salt) stays part of it, so verified
+    rows are shared only between requests of one adapter and one salt."""
+    return f"llm42-verified:w{config.window_size}:b{config.verify_batch_size}|{extra_key or ''}"
 
 
 def uses_cache(req) -> bool:
     rt = runtime.RUNTIME
-    return rt is not None and rt.config.prefix_cache and req.extra_key == namespace(rt.config)
+    return (rt is not None and rt.config.prefix_cache
+            and (req.extra_key or "").startswith(namespace(rt.config)))
 
 
 def max_prefix_len_hook(original, req, input_len):

@@ -20,7 +20,7 @@ class Llm42Req:
     """llm42's fields of one SGLang `Req`.
 
     Invariants: a deterministic request (`det` set) never gets a `noise_seed` (it samples with
-    its own seed); `published` and `prefix_cap` exist only with `det`. Window counters, the
+    its own seed); `published`, `prefix_cap` and `sglang_extra_key` exist only with `det`. Window counters, the
     deferred finish and the readiness stamp live in `det` (`DetRequestState`), never here.
     """
 
@@ -30,6 +30,9 @@ class Llm42Req:
     published: Sequence[int] | None = None
     # Deterministic, prefix cache: the cap of a re-match in progress (`prefix_cache`), else None.
     prefix_cap: int | None = None
+    # Deterministic: SGLang's own radix `extra_key` (LoRA adapter id, cache salt), replaced at
+    # creation by a key that matches nothing; verified prompt rows are shared under it.
+    sglang_extra_key: str | None = None
     # Normal request: the seed of its sampling noise, drawn when it is first sampled.
     noise_seed: int | None = None
 

@@ -1,0 +1,98 @@
+"""LoRA on deterministic requests (CPU server, SGLang's torch-native LoRA backend).
+
+A verification row runs with its request's adapter: SGLang derives a forward's adapters from the
+batch's requests, and each pass row carries its request. If the verifier ran a row without its
+adapter (or with another row's), the verifier's token would win every window and the output
+would become the base model's: so every adapter's output is checked to differ from the base
+model's and from the other adapter's. The server forces a mismatch in half of all windows, so
+each output below also went through rollbacks; prompt KV is verified and shared through the
+prefix cache, which must keep adapters apart.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+
+from helpers import PROMPTS, assert_same, concurrently, generate, llm42_stats
+
+pytestmark = pytest.mark.server
+
+ADAPTERS = [None, "a", "b"]
+SEEDED = {"temperature": 0.8, "seed": 3}
+
+
+def _det(url, prompt, lora, max_new_tokens=20, **kw):
+    kw = kw or SEEDED
+    return generate(url, prompt, det=True, max_new_tokens=max_new_tokens,
+                    extra={} if lora is None else {"lora_path": lora}, **kw)
+
+
+def _normal_traffic(url, n):
+    return [lambda i=i: generate(url, PROMPTS[i % len(PROMPTS)], det=None, temperature=0.9,
+                                 max_new_tokens=8 + 3 * (i % 5),
+                                 extra={} if ADAPTERS[i % 3] is None
+                                 else {"lora_path": ADAPTERS[i % 3]})
+            for i in range(n)]
+
+
+def test_adapters_bitwise_alone_loaded_batched_and_through_rollbacks(lora_server):
+    url = lora_server.url
+    before = llm42_stats(url)["rollbacks"]
+    prompts = PROMPTS[:2]
+    cases = [(p, lora) for p in prompts for lora in ADAPTERS]
+    refs = {case: _det(url, *case) for case in cases}
+    for p in prompts:
+        base, a, b = (refs[(p, lora)][0] for lora in ADAPTERS)
+        assert a != base and b != base and a != b, f"an adapter had no effect on {p!r}"
+    for case in cases:
+        assert_same(refs[case], _det(url, *case), f"repeat {case}")
+    loaded = concurrently([lambda c=c: _det(url, *c) for c in cases]
+                          + _normal_traffic(url, 12))[: len(cases)]
+    for case, got in zip(cases, loaded):
+        assert_same(refs[case], got, f"among normal traffic of every adapter {case}")
+    batched = generate(url, [p for p, _ in cases], det=True, max_new_tokens=20,
+                       extra={"lora_path": [lora for _, lora in cases]}, **SEEDED)
+    for case, got in zip(cases, batched):
+        assert_same(refs[case], got, f"batched with other adapters {case}")
+    assert llm42_stats(url)["rollbacks"] > before, "no rollback was exercised"
+
+
+def test_greedy_streamed_and_openai(lora_server):
+    url = lora_server.url
+    prompt = PROMPTS[2]
+    for lora in ("a", "b"):
+        ref = _det(url, prompt, lora, temperature=0.0)
+        streamed = generate(url, prompt, det=True, max_new_tokens=20, temperature=0.0,
+                            stream=True, extra={"lora_path": lora})
+        assert_same(ref, streamed, f"streamed {lora}")
+    body = {"prompt": prompt, "max_tokens": 20, "temperature": 0.8, "seed": 4, "logprobs": 1,
+            "is_deterministic": True}
+
+    def completion(model):
+        r = requests.post(url + "/v1/completions", json={**body, "model": model}, timeout=300)
+        assert r.status_code == 200, r.text
+        c = r.json()["choices"][0]
+        return c["text"], c["logprobs"]["token_logprobs"]
+
+    ref = {m: completion(m) for m in ("default", "default:a", "default:b")}
+    assert len({json.dumps(v) for v in ref.values()}) == 3, "an adapter had no effect"
+    loaded = concurrently([lambda m=m: completion(m) for m in ref] + _normal_traffic(url, 8))
+    assert loaded[: len(ref)] == list(ref.values())
+
+
+def test_prefix_cache_keeps_adapters_apart(lora_server):
+    """Verified prompt rows are shared through the radix tree under a key that keeps the
+    adapter: one adapter's prompt KV must never serve another's request."""
+    url = lora_server.url
+    prompt = " ".join(PROMPTS[3:6])  # several whole W = 8 rows
+    fresh = {}
+    for lora in ADAPTERS:
+        assert requests.post(url + "/flush_cache", timeout=60).status_code == 200
+        fresh[lora] = _det(url, prompt, lora)
+    before = llm42_stats(url)["cached_prompt_tokens"]
+    for lora in ADAPTERS:  # each after the others published their rows of the same prompt
+        assert_same(fresh[lora], _det(url, prompt, lora), f"after other adapters ({lora})")
+    assert llm42_stats(url)["cached_prompt_tokens"] > before, "the cache was never hit"
