@@ -5,7 +5,10 @@
         --mode both --background 0,16,64,256 --out-dir p/
 
 A set of requests (each prompt greedy, at temperature 0.8 with a per-request seed, and seeded
-with top-p 0.9, top-k 20 or min-p 0.05 in turn) is sent
+with top-p 0.9, top-k 20 or min-p 0.05 in turn; with `--features`, one seeded request per prompt
+and feature: `n2` (n = 2, both samples compared), `penalty` (frequency, presence and repetition
+penalties), `json` (a JSON schema), `lora` (the adapter `--lora-name`, which the server must
+serve)) is sent
 in every trial: alone (background 0: one request at a time) and among N concurrent normal
 requests of mixed prompt and output lengths, `--repeats` times per background level, all with
 `return_logprob`. Every repetition of a request is compared with its first one: token ids, and
@@ -57,6 +60,18 @@ WORDS = ["the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was",
 
 # Seeded truncated kinds (they draw their noise by vocabulary id): one per prompt, in turn.
 TRUNCATED = ((("top_p", 0.9),), (("top_k", 20),), (("min_p", 0.05),))
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["title", "points"],
+          "properties": {"title": {"type": "string", "maxLength": 60},
+                         "points": {"type": "array", "minItems": 2, "maxItems": 4,
+                                    "items": {"type": "string", "maxLength": 80}}}}
+# Sampling-API features: extra sampling_params of the feature's request.
+FEATURES: dict[str, tuple] = {
+    "n2": (("n", 2),),
+    "penalty": (("frequency_penalty", 0.4), ("presence_penalty", 0.3),
+                ("repetition_penalty", 1.1)),
+    "json": (("json_schema", json.dumps(SCHEMA, sort_keys=True)),),
+    "lora": (),  # the body's lora_path is the request's `lora`
+}
 
 
 @dataclass(frozen=True)
@@ -66,17 +81,28 @@ class DetRequest:
     temperature: float
     sampling_seed: int | None
     truncation: tuple = ()  # (("top_p", 0.9),): more sampling_params
+    feature: str | None = None  # a key of FEATURES
+    lora: str | None = None  # adapter name (the `lora` feature)
 
     @property
     def label(self) -> str:
+        if self.feature is not None:
+            return f"p{self.prompt_index}-t{self.temperature:g}-{self.feature}-seed{self.sampling_seed}"
         if self.temperature == 0:
             return f"p{self.prompt_index}-greedy"
         kind = "".join(f"-{k}{v:g}" for k, v in self.truncation)
         return f"p{self.prompt_index}-t{self.temperature:g}{kind}-seed{self.sampling_seed}"
 
 
-def det_requests(num_prompts: int, seed: int) -> list[DetRequest]:
-    """Per prompt: greedy, t = 0.8 seeded, and a seeded top-p / top-k / min-p request in turn."""
+def det_requests(num_prompts: int, seed: int, features: tuple[str, ...] = (),
+                 lora_name: str | None = None) -> list[DetRequest]:
+    """Per prompt: greedy, t = 0.8 seeded, a seeded top-p / top-k / min-p request in turn, and a
+    seeded t = 0.8 request per feature."""
+    unknown = set(features) - set(FEATURES)
+    if unknown:
+        raise ValueError(f"unknown features {sorted(unknown)}: expected some of {list(FEATURES)}")
+    if "lora" in features and not lora_name:
+        raise ValueError("the lora feature needs the adapter's name (--lora-name)")
     out = []
     for i in range(num_prompts):
         prompt = PROMPTS[i % len(PROMPTS)] + (f" (variant {i // len(PROMPTS)})" if (
@@ -84,6 +110,9 @@ def det_requests(num_prompts: int, seed: int) -> list[DetRequest]:
         out.append(DetRequest(i, prompt, 0.0, None))
         out.append(DetRequest(i, prompt, 0.8, seed + i))
         out.append(DetRequest(i, prompt, 1.0, seed + 1000 + i, TRUNCATED[i % len(TRUNCATED)]))
+        for k, name in enumerate(features):
+            out.append(DetRequest(i, prompt, 0.8, seed + 2000 + 10 * i + k, feature=name,
+                                  lora=lora_name if name == "lora" else None))
     return out
 
 
@@ -101,12 +130,17 @@ def background_bodies(n: int, rng: random.Random, max_new_tokens: int,
 
 def det_body(req: DetRequest, max_new_tokens: int, send_flag: bool) -> dict:
     sampling = {"temperature": req.temperature, "max_new_tokens": max_new_tokens,
-                "ignore_eos": True, **dict(req.truncation)}
+                # a grammar must be free to end its output
+                "ignore_eos": req.feature != "json", **dict(req.truncation),
+                **dict(FEATURES.get(req.feature, ()))}
     if req.sampling_seed is not None:
         sampling["sampling_seed"] = req.sampling_seed
     if send_flag:
         sampling["is_deterministic"] = True
-    return {"text": req.prompt, "sampling_params": sampling, "return_logprob": True}
+    body = {"text": req.prompt, "sampling_params": sampling, "return_logprob": True}
+    if req.lora is not None:
+        body["lora_path"] = req.lora
+    return body
 
 
 async def _post(session: aiohttp.ClientSession, url: str, body: dict) -> dict:
@@ -117,7 +151,15 @@ async def _post(session: aiohttp.ClientSession, url: str, body: dict) -> dict:
         return json.loads(text)
 
 
-def _sample(out: dict) -> tuple[list[int], list[float], dict]:
+def _sample(out) -> tuple[list[int], list[float], dict]:
+    """(token ids, logprobs, meta_info); an n > 1 answer (a list) gives its samples' ids and
+    logprobs one after the other, each sample followed by -1 / NaN, and summed counters."""
+    if isinstance(out, list):
+        parts = [_sample(o) for o in out]
+        meta = {key: sum(int(p[2].get(key) or 0) for p in parts)
+                for key in ("llm42_rollbacks", "llm42_verify_passes")}
+        return ([t for p in parts for t in [*p[0], -1]],
+                [v for p in parts for v in [*p[1], float("nan")]], meta)
     meta = out.get("meta_info") or {}
     ids = out.get("output_ids") or meta.get("output_ids") or []
     lps = [t[0] for t in meta.get("output_token_logprobs") or []]
@@ -140,7 +182,7 @@ async def run_trial(url: str, reqs: list[DetRequest], background: int, rng: rand
 
 
 def run_mode(url: str, mode: str, args) -> dict:
-    reqs = det_requests(args.num_prompts, args.seed)
+    reqs = det_requests(args.num_prompts, args.seed, _features(args), args.lora_name)
     levels = [int(x) for x in args.background.split(",")]
     samples: list[list[tuple[list[int], list[float]]]] = [[] for _ in reqs]
     trials, meta_sums = [], [{"rollbacks": 0, "verify_passes": 0} for _ in reqs]
@@ -170,6 +212,7 @@ def run_mode(url: str, mode: str, args) -> dict:
 def _request_json(req: DetRequest, rep: RequestReport, names: list[str], sums: dict,
                   first: tuple[list[int], list[float]]) -> dict:
     return {"label": req.label, "temperature": req.temperature, **dict(req.truncation),
+            "feature": req.feature,
             "sampling_seed": req.sampling_seed, "prompt": req.prompt,
             "output_len": len(first[0]), "num_repetitions": rep.num_repetitions,
             "identical": rep.identical, "num_divergent_repetitions": rep.num_divergent,
@@ -208,6 +251,10 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _features(args) -> tuple[str, ...]:
+    return tuple(f for f in args.features.split(",") if f)
+
+
 def _dash(value) -> str:
     return "-" if value is None else str(value)
 
@@ -230,7 +277,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-path", default=None)
     p.add_argument("--server-args", default="")
     p.add_argument("--startup-timeout", type=float, default=900.0)
+    p.add_argument("--features", default="",
+                   help=f"comma list of sampling-API requests to add per prompt: {','.join(FEATURES)}")
+    p.add_argument("--lora-name", default=None, help="adapter the lora feature's requests use")
     args = p.parse_args(argv)
+    try:
+        det_requests(1, 0, _features(args), args.lora_name)
+    except ValueError as exc:
+        p.error(str(exc))
     levels = args.background.split(",")
     if args.repeats * len(levels) < 2:
         p.error("need at least 2 trials (--repeats x number of --background levels).")
@@ -266,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
               "command": shlex.join(getattr(sys, "orig_argv", sys.argv)), "url": url,
               "model": model, "server_args": shlex.join(server_args) if args.launch else None,
               "gpu": env_info.gpu_name(), "git_commit": env_info.git_commit(),
-              "num_requests": 2 * args.num_prompts, "max_new_tokens": args.max_new_tokens,
+              "num_requests": len(det_requests(args.num_prompts, args.seed, _features(args),
+                                               args.lora_name)), "max_new_tokens": args.max_new_tokens,
               "background_levels": [int(x) for x in levels], "repeats": args.repeats,
               "num_trials": args.repeats * len(levels), "llm42_stats_before": stats,
               "llm42_stats_after": stats_after, "runs": runs,

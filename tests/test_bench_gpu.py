@@ -84,6 +84,33 @@ def test_gpu_suite_smollm2_sweep_starts_one_server_for_its_windows(tmp_path, cap
     assert sum(" run llm42-w" in ln and "n=512 ratio 1" in ln for ln in lines) == 4, lines
 
 
+def test_gpu_suite_proof_serves_an_adapter_and_adds_the_feature_requests(tmp_path):
+    """The proof step writes a random adapter for its model, serves it with the LoRA backend to
+    prove, and asks the proof for the sampling-API requests, LoRA among them."""
+    import shlex
+
+    from benchmarks import determinism_proof
+
+    suite = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "run_gpu_suite.sh"
+    env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
+           "RUN_DIR": str(tmp_path / "run"), "JIT_CACHE": str(tmp_path / "none.tar.gz")}
+    subprocess.run(["bash", str(suite), "proof"], env=env, check=True, capture_output=True,
+                   timeout=120)
+    argvs = [json.loads(line) for line in (tmp_path / "out" / "dry_run.jsonl").read_text()
+             .splitlines()]
+    [lora] = [a for a in argvs if a[:3] == ["-m", "llm42.models", "random-lora"]]
+    [proof] = [a[2:] for a in argvs if a[:2] == ["-m", "benchmarks.determinism_proof"]]
+    adapter = lora[lora.index("--out") + 1]
+    server_args = shlex.split(proof[proof.index("--server-args") + 1])
+    assert f"proof={adapter}" in server_args and "--enable-lora" in server_args
+    assert server_args[server_args.index("--lora-backend") + 1] == "csgmv"
+    features = proof[proof.index("--features") + 1].split(",")
+    assert features == ["n2", "penalty", "json", "lora"]
+    reqs = determinism_proof.det_requests(4, 42, tuple(features),
+                                          proof[proof.index("--lora-name") + 1])
+    assert sum(r.lora == "proof" for r in reqs) == 4
+
+
 def test_install_llm42_writes_a_discoverable_dist_info(tmp_path):
     info = install(tmp_path / "site")
     dists = list(importlib.metadata.distributions(path=[str(tmp_path / "site")]))

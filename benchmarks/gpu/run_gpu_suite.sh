@@ -55,6 +55,10 @@
 #   ONLINE_RATE=24 ONLINE_PROMPTS=1024 ONLINE_RATIO=0.1 MAX_RUNNING=256
 #   PROOF_BACKGROUND=0,16,64,256 PROOF_REPEATS=2 PROOF_PROMPTS=4 PROOF_TOKENS=256
 #   PROOF_LLM42_ARGS="" (extra llm42 flags of the proof server, e.g. --llm42-batched-prefill)
+#   PROOF_FEATURES=n2,penalty,json,lora (sampling-API requests added per prompt; lora: a random
+#   adapter written next to the model, served with --lora-backend $PROOF_LORA_BACKEND, default
+#   csgmv, SGLang's own; unproven until this proof passes, so the proof server passes
+#   --llm42-allow-unproven-backend). PROOF_FEATURES="" runs the proof without them
 #   LLM42_ARGS="" (extra flags of every llm42 server of the driver steps, e.g.
 #   "--llm42-max-verify-wait 64"; they also name the server in the tables; ';' separates
 #   variants, one server each: ";--llm42-max-verify-wait 64" = defaults, then wait 64)
@@ -110,6 +114,8 @@ PROOF_REPEATS=${PROOF_REPEATS:-2}
 PROOF_PROMPTS=${PROOF_PROMPTS:-4}
 PROOF_TOKENS=${PROOF_TOKENS:-256}
 PROOF_LLM42_ARGS=${PROOF_LLM42_ARGS:-}
+PROOF_FEATURES=${PROOF_FEATURES-n2,penalty,json,lora}
+PROOF_LORA_BACKEND=${PROOF_LORA_BACKEND:-csgmv}
 LLM42_ARGS=${LLM42_ARGS:-}
 EXTRA_SERVER_ARGS=${EXTRA_SERVER_ARGS:-}
 # Identical for every configuration but nondet-defaults, which drops the like-for-like flags
@@ -306,11 +312,20 @@ proof_step() {  # $1 = model folder, $2 = the function that writes it; $step fro
   local model=$1
   $2 || return 1
   if (( $(remaining) < 240 )); then log "step $step: skipped, only $(remaining)s left"; return 1; fi
-  log "step $step: $model, background $PROOF_BACKGROUND x $PROOF_REPEATS repeats"
+  log "step $step: $model, background $PROOF_BACKGROUND x $PROOF_REPEATS repeats, features '$PROOF_FEATURES'"
+  local lora_args="" lora_name=()
+  if [[ ,$PROOF_FEATURES, == *,lora,* ]]; then
+    local adapter="$model-lora"
+    [[ -f $adapter/adapter_model.safetensors ]] || \
+      env_python -m llm42.models random-lora --base "$model" --out "$adapter" --seed 1 || return 1
+    lora_args="--enable-lora --lora-paths proof=$adapter --max-loras-per-batch 2 --lora-backend $PROOF_LORA_BACKEND --llm42-allow-unproven-backend"
+    lora_name=(--lora-name proof)
+  fi
   env_python -m benchmarks.determinism_proof --launch --model-path "$model" \
-    --server-args "$COMMON_ARGS --enable-llm42 --llm42-window-size $WINDOW --llm42-verify-batch-size $VERIFY_BS --random-seed 7 $PROOF_LLM42_ARGS" \
+    --server-args "$COMMON_ARGS --enable-llm42 --llm42-window-size $WINDOW --llm42-verify-batch-size $VERIFY_BS --random-seed 7 $lora_args $PROOF_LLM42_ARGS" \
     --mode both --background "$PROOF_BACKGROUND" --repeats "$PROOF_REPEATS" \
     --num-prompts "$PROOF_PROMPTS" --max-new-tokens "$PROOF_TOKENS" \
+    --features "$PROOF_FEATURES" "${lora_name[@]}" \
     --startup-timeout "$STARTUP_TIMEOUT" --out-dir "$RUN_DIR/$step"
   local code=$?
   log "step $step: exit $code (0: llm42 all identical and control diverged)"

@@ -3,6 +3,7 @@
     python -m llm42.models default-path
     python -m llm42.models random-llama --preset tiny --out DIR [--seed 0 --std 0.02
         --dtype float32 --tokenizer DIR]
+    python -m llm42.models random-lora --base DIR --out DIR [--seed 0 --rank 8 --dtype bfloat16]
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import sys
 
 from llm42.models.random_llama import PRESETS, write_random_llama
+from llm42.models.random_lora import write_random_lora
 from llm42.models.smollm2 import DefaultModelError, default_model_path
 
 
@@ -29,11 +31,21 @@ def main(argv: list[str] | None = None) -> int:
     rand.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     rand.add_argument("--tokenizer", default=None,
                       help="folder to copy tokenizer files from (default: the default model's)")
+    lora = sub.add_parser("random-lora", help="write a seeded random LoRA adapter for a Llama")
+    lora.add_argument("--base", required=True, help="the Llama's folder (its config.json)")
+    lora.add_argument("--out", required=True, help="output folder")
+    lora.add_argument("--seed", type=int, default=0)
+    lora.add_argument("--rank", type=int, default=8)
+    lora.add_argument("--std", type=float, default=0.02)
+    lora.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
     args = parser.parse_args(argv)
 
     try:
         if args.command == "default-path":
             print(default_model_path(dtype=args.dtype))
+        elif args.command == "random-lora":
+            print(write_random_lora(args.out, base_dir=args.base, seed=args.seed, rank=args.rank,
+                                    std=args.std, dtype=args.dtype))
         else:
             print(write_random_llama(args.out, preset=args.preset, seed=args.seed, std=args.std,
                                      dtype=args.dtype, tokenizer_dir=args.tokenizer))
