@@ -92,6 +92,37 @@ def assert_prefix(ref, got, what: str) -> None:
     assert got[1] == ref[1][:n], f"{what}: published logprobs are not the solo ones (bitwise)"
 
 
+def assert_bitwise_everywhere(url, send, prompts, *, normal_traffic=(), batched=None,
+                              inject_url=None):
+    """The standard determinism check of a request kind: `send(url, prompt)` repeated, among
+    `normal_traffic` (callables sent concurrently with it), `batched(url)` (one call giving a
+    result per prompt), and on `inject_url` (a server forcing mismatches: rollbacks must happen),
+    each bitwise equal to the prompt's first result. Returns (references, loaded results)."""
+    refs = [send(url, p) for p in prompts]
+    for p, r in zip(prompts, refs):
+        assert_same(r, send(url, p), f"repeat {p!r}")
+    loaded = concurrently([lambda p=p: send(url, p) for p in prompts]
+                          + list(normal_traffic))[: len(prompts)]
+    for p, r, got in zip(prompts, refs, loaded):
+        assert_same(r, got, f"among normal traffic {p!r}")
+    for p, r, got in zip(prompts, refs, batched(url) if batched else []):
+        assert_same(r, got, f"batched {p!r}")
+    if inject_url is not None:
+        before = llm42_stats(inject_url)["rollbacks"]
+        injected = concurrently([lambda p=p: send(inject_url, p) for p in prompts])
+        for p, r, got in zip(prompts, refs, injected):
+            assert_same(r, got, f"injected mismatches {p!r}")
+        assert llm42_stats(inject_url)["rollbacks"] > before, "no rollback was forced"
+    return refs, loaded
+
+
+def natural_rollbacks_are_rare(results) -> None:
+    """Fast path and verifier compute alike: at most one pass in three rolls back."""
+    rollbacks = sum(r[2]["llm42_rollbacks"] for r in results)
+    passes = sum(r[2]["llm42_verify_passes"] for r in results)
+    assert 3 * rollbacks <= passes, (rollbacks, passes)
+
+
 def concurrently(fns):
     with ThreadPoolExecutor(max_workers=len(fns)) as pool:
         futures = [pool.submit(f) for f in fns]
