@@ -37,6 +37,7 @@ def _llm42_args(rate: float = 0.0, window: int = WINDOW) -> list[str]:
         "--random-seed", "7",
         "--context-length", str(CONTEXT),
         "--no-llm42-batched-prefill",  # solo prefills; batched_server covers the default
+        "--enable-custom-logit-processor",
     ]
 
 

@@ -30,12 +30,27 @@ class Unreadable:
         raise AssertionError("the waiting queue was scanned")
 
 
-def _scheduler(queue, *, full: bool, grammars: bool = False):
-    return types.SimpleNamespace(
+class GrammarManager:
+    """SGLang's grammar manager as the hook uses it: every queued grammar has compiled."""
+
+    def __init__(self, ready):
+        self.grammar_queue = list(ready)
+
+    def has_waiting_grammars(self):
+        return bool(self.grammar_queue)
+
+    def get_ready_grammar_requests(self):
+        ready, self.grammar_queue = self.grammar_queue, []
+        return ready
+
+
+def _scheduler(queue, *, full: bool, grammars=()):
+    sched = types.SimpleNamespace(
         waiting_queue=list(queue), chunked_req=None, enable_priority_preemption=False,
-        is_hybrid_swa=False,
-        grammar_manager=types.SimpleNamespace(has_waiting_grammars=lambda: grammars),
+        is_hybrid_swa=False, grammar_manager=GrammarManager(grammars),
         running_batch=types.SimpleNamespace(batch_is_full=full))
+    sched._add_request_to_queue = sched.waiting_queue.append
+    return sched
 
 
 @pytest.fixture(autouse=True)
@@ -49,6 +64,7 @@ def _run(scheduler):
     seen = []
 
     def original(sched, prefill_delayer_single_pass=None, running_batch=None):
+        assert not sched.grammar_manager.grammar_queue, "SGLang would admit grammars itself"
         seen.append([getattr(r, "name", "?") for r in sched.waiting_queue])
         return None, running_batch
 
@@ -74,6 +90,17 @@ def test_room_in_the_batch_shows_a_solo_prefill_alone_and_restores_the_queue():
 @pytest.mark.parametrize("case", ["grammar-ready", "preemption"])
 def test_a_full_batch_that_sglang_may_still_change_takes_the_split(case):
     queue = [Req("normal", False, 20), Req("long-det", True, 2000)]
-    sched = _scheduler(queue, full=True, grammars=case == "grammar-ready")
+    sched = _scheduler(queue, full=True,
+                       grammars=[Req("json", False, 20)] if case == "grammar-ready" else ())
     sched.enable_priority_preemption = case == "preemption"
     assert _run(sched) == ["long-det"]
+
+
+def test_compiled_grammar_requests_join_the_queue_before_the_split():
+    """A deterministic request whose grammar just compiled must prefill alone too: admitted by
+    SGLang's original, it would join the batch the split built for the others."""
+    queue = [Req("normal", False, 20)]
+    sched = _scheduler(queue, full=False, grammars=[Req("long-det-json", True, 2000)])
+    assert _run(sched) == ["long-det-json"]
+    assert [r.name for r in sched.waiting_queue] == ["normal", "long-det-json"]
+    assert sched.grammar_manager.grammar_queue == []

@@ -83,3 +83,19 @@ def test_flag_needs_batched_prefill_and_the_radix_cache():
     with pytest.raises(ValueError, match="--no-llm42-batched-prefill"):
         Llm42Config(prefix_cache=True, batched_prefill=False).validate()
     Llm42Config(prefix_cache=True).validate()  # batched prefill is the default
+
+
+def test_rows_are_shared_only_under_one_cache_salt(batched_server):
+    """SGLang's `extra_key` (cache salt; LoRA adds its adapter id, tests/test_det_lora.py)
+    stays part of the namespace: another salt misses, the same salt hits."""
+    url = batched_server.url
+    prompt = _ids(6, 4 * WINDOW + 1)
+    _flush(batched_server)
+    ref = det_request(url, prompt, 12, extra={"extra_key": "tenant-a"})
+    before = _cached(url)
+    other = det_request(url, prompt, 12, extra={"extra_key": "tenant-b"})
+    assert _cached(url) == before, "tenant-b was served tenant-a's verified rows"
+    same = det_request(url, prompt, 12, extra={"extra_key": "tenant-a"})
+    assert _cached(url) - before == 4 * WINDOW
+    assert_same(ref, other, "another salt")
+    assert_same(ref, same, "a hit under the same salt")

@@ -164,3 +164,27 @@ def _feed_rows(penalizer, cls, tokens, mask):
     for r, keep in enumerate(mask):
         if not keep:
             after[r] = before[r]
+
+
+def test_custom_processor_sees_the_output_before_each_position():
+    """SGLang's no-repeat processor (ngram 1) at the entry predicting output token k must ban
+    the prompt and o_0 .. o_{k-1}, as on the fast path when o_k was sampled, and nothing of
+    what follows; a row without a processor is left alone."""
+    from sglang.srt.sampling.custom_logit_processor import DeepseekOCRNoRepeatNGramLogitProcessor
+
+    from llm42.sglang import custom_processors
+
+    from array import array
+
+    req = _req(prompt_len=3)  # prompt ids 0, 1, 2
+    req.origin_input_ids = array("q", req.origin_input_ids)  # as SGLang keeps them
+    req.output_ids = array("q", [7, 9, 11, 13])
+    req.custom_logit_processor = DeepseekOCRNoRepeatNGramLogitProcessor.to_str()
+    req.sampling_params.custom_params = {"ngram_size": 1, "window_size": 100,
+                                         "is_deterministic": True}
+    plain = _req()
+    logits = torch.zeros(4, VOCAB)
+    custom_processors.apply(logits, [req, req, req, plain], [0, 2, 4, 1])
+    banned = [set(torch.nonzero(row == float("-inf")).flatten().tolist()) for row in logits]
+    assert banned == [{0, 1, 2}, {0, 1, 2, 7, 9}, {0, 1, 2, 7, 9, 11, 13}, set()]
+    assert req.output_ids.tolist() == [7, 9, 11, 13]  # the live request is untouched

@@ -72,8 +72,10 @@ def needs_fed_outputs(reqs) -> bool:
     So while a deterministic request with frequency / presence / repetition penalties is in the
     batch (or its prefill is in flight), every step processes its result first, and the fast
     path feeds o_{k-1} before sampling o_k, as the verifier assumes. (min_new_tokens only counts
-    steps, which is right either way.)"""
+    steps, which is right either way.) A custom logit processor reads the request's output_ids,
+    which lag the same way: the same rule holds for it."""
     from llm42.sglang.request_fields import is_deterministic_params
 
     return any(is_deterministic_params(r.sampling_params)
-               and verify_logits.uses_penalties(r.sampling_params) for r in reqs)
+               and (verify_logits.uses_penalties(r.sampling_params)
+                    or getattr(r, "custom_logit_processor", None)) for r in reqs)

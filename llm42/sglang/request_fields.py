@@ -25,7 +25,6 @@ _GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 # Request features the verifier does not replay exactly: rejected for deterministic requests.
 _UNSUPPORTED_REQUEST = {
     "return_hidden_states": (lambda v: bool(v), "return_hidden_states"),
-    "custom_logit_processor": (lambda v: v is not None, "custom_logit_processor"),
     "input_embeds": (lambda v: v is not None, "input_embeds"),
     # Computed on the fast path only (the verifier does not replay them); SGLang 0.5.17 on CPU
     # also crashes its scheduler on them.

@@ -8,9 +8,10 @@ batch's SamplingBatchInfo, whose penalties are pre-accumulated (`update_penaltie
    is the same in any order: 0 - f is exact and each later term is one rounding, or -inf);
 2. `apply_scaling_penalties(logits, repetition)`;
 3. the grammar mask (`grammar_replay.apply_masks`: the matcher's bitmask before that token);
-4. `logits += logit_bias`.
+4. `logits += logit_bias`;
 
-The verifier samples through the same Sampler with a SamplingBatchInfo of its own, so it applies
+and the Sampler then applies custom logit processors first (`custom_processors`, replayed with the
+tokens before each position). The verifier samples through the same Sampler with a SamplingBatchInfo of its own, so it applies
 these itself, per entry, with SGLang's float32 values, ops and order. At an entry predicting
 output token k, SGLang's penalizers have seen the output tokens o_0 .. o_{k-1} (one per decode
 step, `ScheduleBatch.prepare_for_decode`), and `penalty_rows` rebuilds their state from exactly
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llm42.sglang import grammar_replay
+from llm42.sglang import custom_processors, grammar_replay
 
 
 @dataclass
@@ -83,6 +84,7 @@ def apply(logits: torch.Tensor, reqs: list, output_indices: list[int]) -> None:
             for key, value in reqs[i].sampling_params.logit_bias.items():
                 bias[i, int(key)] = value
         logits.add_(bias)
+    custom_processors.apply(logits, reqs, output_indices)
 
 
 _NO_PENALTIES = PenaltyRows(None, None, None)
