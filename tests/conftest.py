@@ -75,7 +75,7 @@ def inject_server(tiny_model, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def batched_server(tiny_model, tmp_path_factory):
+def batched_server(tiny_model, lora_adapters, tmp_path_factory):
     """Deterministic prefills join normal prefill batches; their prompts are verified after
     (`--llm42-batched-prefill`). Every such fast-path prefill is perturbed (random KV noise and
     o_0, `llm42.sglang.prefill_faults`), and a fifth of all windows get a forced mismatch.
@@ -83,13 +83,19 @@ def batched_server(tiny_model, tmp_path_factory):
     requests share verified prompt rows through the radix cache (`--llm42-prefix-cache`);
     prompts of SOLO_MIN tokens or more prefill alone (`--llm42-solo-prefill-min-tokens`); passes
     are held back in steps that prefill (`--llm42-defer-verify-on-prefill`), and queued before the
-    result in flight is processed (`--llm42-overlap-verify`)."""
+    result in flight is processed (`--llm42-overlap-verify`). It serves two LoRA adapters with
+    SGLang's torch-native LoRA backend (`lora_adapters`; requests without one use the base
+    model)."""
     timeline = tmp_path_factory.mktemp("batched-timeline")
     args = _llm42_args(rate=0.2) + ["--llm42-timeline-dir", str(timeline),
                                     "--llm42-batched-prefill", "--llm42-prefix-cache",
                                     "--chunked-prefill-size", str(CHUNK),
                                     "--llm42-solo-prefill-min-tokens", str(SOLO_MIN),
-                                    "--llm42-defer-verify-on-prefill", "--llm42-overlap-verify"]
+                                    "--llm42-defer-verify-on-prefill", "--llm42-overlap-verify",
+                                    "--enable-lora", "--lora-backend", "torch_native",
+                                    "--max-loras-per-batch", "3", "--max-lora-rank", "8",
+                                    "--lora-paths",
+                                    *(f"{n}={p}" for n, p in lora_adapters.items())]
     server = _start(tiny_model, args, "batched", tmp_path_factory,
                     env={"LLM42_TEST_PERTURB_PREFILL": "1"})
     yield server
@@ -122,22 +128,9 @@ def lora_adapters(tiny_model, tmp_path_factory) -> dict[str, str]:
                                    dtype="bfloat16", targets=("q_proj", "v_proj", "down_proj"))}
 
 
-@pytest.fixture(scope="session")
-def lora_server(tiny_model, lora_adapters, tmp_path_factory):
-    """SGLang's CPU LoRA (torch-native backend) with two adapters; llm42's defaults for prompts
-    (batched prefill) plus the prefix cache, and half of all windows forced to mismatch."""
-    args = [a for a in _llm42_args(rate=0.5) if a != "--no-llm42-batched-prefill"]
-    args += ["--llm42-prefix-cache", "--enable-lora", "--lora-backend", "torch_native",
-             "--max-loras-per-batch", "3", "--max-lora-rank", "8",
-             "--lora-paths", *(f"{name}={path}" for name, path in lora_adapters.items())]
-    server = _start(tiny_model, args, "lora", tmp_path_factory)
-    yield server
-    server.stop()
-
-
 def wait_idle_and_healthy(server, timeout: float = 120.0) -> None:
     """SGLang's strict idle leak check kills the scheduler on a leaked KV slot or request row;
-    so a server that is idle and still answers /health has leaked nothing. (The scheduler runs
+    so a server that is idle and still running has leaked nothing. (The scheduler runs
     the check each time it goes idle, before it sleeps: CPU servers run with --sleep-on-idle.)
     Fails when the server is not idle within `timeout` s: the leak check never ran."""
     deadline = time.monotonic() + timeout
@@ -148,10 +141,11 @@ def wait_idle_and_healthy(server, timeout: float = 120.0) -> None:
                         f"idle leak check never ran (last load: {load}; log: "
                         f"{server.log_path})")
         time.sleep(0.2)
-    # The scheduler publishes its idle load after the check of that idle iteration; a leak
-    # raises there, and SGLang then takes the whole server down within a moment. (SGLang's
-    # /health would add a full second per server and test: it polls once a second.)
-    time.sleep(0.5)
+    # The scheduler publishes its idle load (the snapshot /v1/loads reads) only after the leak
+    # check of that idle iteration passed; a leak raises before it, and SGLang then takes the
+    # whole server down. (SGLang's /health would add a full second per server and test: it
+    # polls once a second.)
+    time.sleep(0.1)
     assert is_idle(server_load(server.url)), f"server unhealthy after test: {server.log_path}"
     assert server.is_running(), f"SGLang server process died (see {server.log_path})"
 
@@ -159,7 +153,7 @@ def wait_idle_and_healthy(server, timeout: float = 120.0) -> None:
 @pytest.fixture(autouse=True)
 def _servers_stay_clean(request):
     yield
-    for name in ("llm42_server", "inject_server", "batched_server", "plain_server", "lora_server"):
+    for name in ("llm42_server", "inject_server", "batched_server", "plain_server"):
         if name in request.fixturenames:
             wait_idle_and_healthy(request.getfixturevalue(name))
 

@@ -4,9 +4,10 @@ A verification row runs with its request's adapter: SGLang derives a forward's a
 batch's requests, and each pass row carries its request. If the verifier ran a row without its
 adapter (or with another row's), the verifier's token would win every window and the output
 would become the base model's: so every adapter's output is checked to differ from the base
-model's and from the other adapter's. The server forces a mismatch in half of all windows, so
-each output below also went through rollbacks; prompt KV is verified and shared through the
-prefix cache, which must keep adapters apart.
+model's and from the other adapter's. The server (`batched_server`) forces a mismatch in a fifth
+of all windows and perturbs every fast-path prefill, so each output below also went through
+rollbacks and prompt passes; prompt KV is verified and shared through the prefix cache, which
+must keep adapters apart.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ def _normal_traffic(url, n):
             for i in range(n)]
 
 
-def test_adapters_bitwise_alone_loaded_batched_and_through_rollbacks(lora_server):
-    url = lora_server.url
+def test_adapters_bitwise_alone_loaded_batched_and_through_rollbacks(batched_server):
+    url = batched_server.url
     before = llm42_stats(url)["rollbacks"]
     prompts = PROMPTS[:2]
     cases = [(p, lora) for p in prompts for lora in ADAPTERS]
@@ -60,8 +61,8 @@ def test_adapters_bitwise_alone_loaded_batched_and_through_rollbacks(lora_server
     assert llm42_stats(url)["rollbacks"] > before, "no rollback was exercised"
 
 
-def test_greedy_streamed_and_openai(lora_server):
-    url = lora_server.url
+def test_greedy_streamed_and_openai(batched_server):
+    url = batched_server.url
     prompt = PROMPTS[2]
     for lora in ("a", "b"):
         ref = _det(url, prompt, lora, temperature=0.0)
@@ -83,10 +84,10 @@ def test_greedy_streamed_and_openai(lora_server):
     assert loaded[: len(ref)] == list(ref.values())
 
 
-def test_prefix_cache_keeps_adapters_apart(lora_server):
+def test_prefix_cache_keeps_adapters_apart(batched_server):
     """Verified prompt rows are shared through the radix tree under a key that keeps the
     adapter: one adapter's prompt KV must never serve another's request."""
-    url = lora_server.url
+    url = batched_server.url
     prompt = " ".join(PROMPTS[3:6])  # several whole W = 8 rows
     fresh = {}
     for lora in ADAPTERS:

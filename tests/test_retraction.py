@@ -21,8 +21,11 @@ pytestmark = pytest.mark.server
 KV_TOKENS = 1024
 NEW_TOKENS = 96
 RETRACT_EVERY = 10  # decode steps
+DIGITS = "[0-9]{500}"  # a grammar still open after NEW_TOKENS tokens (digits are single tokens)
 CASES = [dict(temperature=0.0, ignore_eos=True),
-         dict(temperature=0.8, seed=321, ignore_eos=True)]
+         dict(temperature=0.8, seed=321, ignore_eos=True),
+         # a restart rewinds the request's grammar matcher to the prompt
+         dict(temperature=0.8, seed=5, ignore_eos=True, sampling={"regex": DIGITS})]
 
 
 @pytest.fixture(scope="module", params=["solo-prefill", "batched-prefill"])
@@ -68,6 +71,8 @@ def test_retracted_deterministic_requests_reproduce(pressure_server):
         assert got[0] == ref[0], f"{p!r} {c}: tokens differ after retraction (job {k})"
         assert got[1] == ref[1], f"{p!r} {c}: logprobs differ after retraction (job {k})"
         assert got[2]["completion_tokens"] == NEW_TOKENS
+        if "sampling" in c:
+            assert got[2]["text"].isdigit(), got[2]["text"]
     assert sum(o[2].get("llm42_restarts", 0) for o in out[: len(jobs) + 2]) > 0
     for normal in out[len(jobs) + 2 :]:
         assert len(normal[0]) == normal[2]["completion_tokens"] > 0
