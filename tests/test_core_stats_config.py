@@ -8,7 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from llm42.core import Llm42Config, Llm42Stats, VerifyDecision
+from llm42.core import Llm42Config, Llm42Stats
+
+from core_factories import accept, rollback
 
 SNAPSHOT_KEYS = {
     "verify_passes",
@@ -36,26 +38,8 @@ SNAPSHOT_KEYS = {
     "by_sampling_kind",
 }
 
-ACCEPT = VerifyDecision(
-    num_compared=4,
-    num_accepted=4,
-    num_rejected=0,
-    corrected_token_id=None,
-    new_num_verified=5,
-    new_num_output_tokens=5,
-    mismatch_index=None,
-    num_inconsistent=1,
-)
-ROLLBACK = VerifyDecision(
-    num_compared=4,
-    num_accepted=1,
-    num_rejected=5,
-    corrected_token_id=3,
-    new_num_verified=7,
-    new_num_output_tokens=7,
-    mismatch_index=6,
-    injected=True,
-)
+ACCEPT = accept(4, verified=5, outputs=5, num_inconsistent=1)
+ROLLBACK = rollback(4, accepted=1, rejected=5, corrected=3, verified=7, mismatch=6, injected=True)
 
 
 def test_snapshot_keys_and_zero_state() -> None:

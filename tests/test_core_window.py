@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from llm42.core import DetRequestState, InvariantError, VerifyDecision
+from llm42.core import DetRequestState, InvariantError
 
-from core_factories import P, make_state
+from core_factories import P, accept, make_state, rollback
 
 
 def assert_window(state: DetRequestState, *, k: int, start: int, end: int, num_real: int) -> None:
@@ -73,39 +73,19 @@ def test_a_finish_is_deferred_only_while_candidates_exist_and_released_by_their_
         make_state(4, 5, 5).defer_finish("eos")  # nothing unverified: the finish stands
     state = make_state(4, 5, 7)
     state.defer_finish("eos")
-    accept = VerifyDecision(num_compared=2, num_accepted=2, num_rejected=0,
-                            corrected_token_id=None, new_num_verified=7, new_num_output_tokens=7,
-                            mismatch_index=None)
-    assert state.apply(accept) == "eos", "the accept of the last candidate releases the finish"
+    assert state.apply(accept(2, verified=7, outputs=7)) == "eos", "the accept of the last candidate releases the finish"
     assert not state.is_finishing and state.deferred_finish is None
 
 
 def test_apply_accept_and_rollback_counters() -> None:
     state = make_state(4, 1, 6, finishing=True)
-    accept = VerifyDecision(
-        num_compared=4,
-        num_accepted=4,
-        num_rejected=0,
-        corrected_token_id=None,
-        new_num_verified=5,
-        new_num_output_tokens=6,
-        mismatch_index=None,
-    )
     state.ready_since_step = 3
-    assert state.apply(accept) is None, "a candidate is left: the finish stays deferred"
+    assert state.apply(accept(4, verified=5, outputs=6)) is None, "a candidate is left: the finish stays deferred"
     assert (state.num_verified_tokens, state.num_output_tokens) == (5, 6)
     assert state.is_finishing, "an accept keeps the finishing flag"
     assert state.ready_since_step is None, "the job ran: its wait starts over"
-    rollback = VerifyDecision(
-        num_compared=1,
-        num_accepted=0,
-        num_rejected=1,
-        corrected_token_id=7,
-        new_num_verified=6,
-        new_num_output_tokens=6,
-        mismatch_index=5,
-    )
-    assert state.apply(rollback) is None, "a rollback drops the finish: re-checked afresh"
+    assert state.apply(rollback(1, accepted=0, rejected=1, corrected=7, verified=6,
+                                mismatch=5)) is None, "a rollback drops the finish: re-checked afresh"
     assert (state.num_verified_tokens, state.num_output_tokens) == (6, 6)
     assert not state.is_finishing, "a rollback clears the finishing flag"
     counters = (state.num_verify_passes, state.num_rollbacks, state.num_tokens_rolled_back)
@@ -114,15 +94,7 @@ def test_apply_accept_and_rollback_counters() -> None:
 
 def test_apply_rejects_stale_decision() -> None:
     state = make_state(4, 1, 5)
-    decision = VerifyDecision(
-        num_compared=4,
-        num_accepted=4,
-        num_rejected=0,
-        corrected_token_id=None,
-        new_num_verified=5,
-        new_num_output_tokens=5,
-        mismatch_index=None,
-    )
+    decision = accept(4, verified=5, outputs=5)
     state.append_candidates()  # the list moved on after the decision was computed
     with pytest.raises(InvariantError, match="stale decision"):
         state.apply(decision)

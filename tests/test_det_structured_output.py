@@ -40,10 +40,17 @@ SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", 
 # Keep what follows the first digit pair (stop_regex ends at its match).
 STOP_REGEX = r"[0-9][0-9]"
 
+# xgrammar's structural tag format: the whole output is one tag around a regex.
+TAG = {"type": "structural_tag",
+       "format": {"type": "tag", "begin": "<answer>", "end": "</answer>",
+                  "content": {"type": "regex", "pattern": "[a-z]{4}(,[a-z]{4}){3}"}}}
+
 CONSTRAINTS = {
     "regex": ({"regex": REGEX}, lambda text: re.fullmatch(REGEX, text)),
     "ebnf": ({"ebnf": EBNF}, lambda text: re.fullmatch(r"[0-9]{3}(\+[0-9]{3})*", text)),
     "json_schema": ({"json_schema": json.dumps(SCHEMA)}, lambda text: _matches_schema(text)),
+    "structural_tag": ({"structural_tag": json.dumps(TAG)},
+                       lambda text: re.fullmatch(r"<answer>[a-z]{4}(,[a-z]{4}){3}</answer>", text)),
 }
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from llm42.core import Llm42Stats, VerifyDecision
+from llm42.core import Llm42Stats
 from llm42.sglang.endpoints import merge_snapshots
 
-ROLLBACK = VerifyDecision(num_compared=4, num_accepted=1, num_rejected=3, corrected_token_id=3,
-                          new_num_verified=3, new_num_output_tokens=3, mismatch_index=2)
-ACCEPT = VerifyDecision(num_compared=4, num_accepted=4, num_rejected=0, corrected_token_id=None,
-                        new_num_verified=5, new_num_output_tokens=5, mismatch_index=None)
+from core_factories import accept, rollback
+
+ROLLBACK = rollback(4, accepted=1, rejected=3, corrected=3, verified=3, mismatch=2)
+ACCEPT = accept(4, verified=5, outputs=5)
 
 
 def _settings() -> dict:
