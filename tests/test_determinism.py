@@ -141,11 +141,16 @@ def test_injected_mismatches_roll_back_without_changing_output(llm42_server, inj
 
     inject_server also runs SGLang's normal event loop, llm42_server the overlap loop."""
     requests.post(inject_server.url + "/reset_llm42_stats", timeout=30)
-    for case in (dict(temperature=0.0), dict(temperature=0.8, seed=77)):
-        for p in PROMPTS:
-            clean = det_request(llm42_server.url, p, NEW_TOKENS, **case)
-            faulty = det_request(inject_server.url, p, NEW_TOKENS, **case)
-            assert_same(clean, faulty, f"injected {p!r} {case}")
+    jobs = [(p, case) for case in (dict(temperature=0.0), dict(temperature=0.8, seed=77))
+            for p in PROMPTS]
+
+    def run_all(url):  # together: their outputs do not depend on it (the tests above)
+        return concurrently([lambda p=p, c=c: det_request(url, p, NEW_TOKENS, **c)
+                             for p, c in jobs])
+
+    clean, faulty = run_all(llm42_server.url), run_all(inject_server.url)
+    for (p, case), a, b in zip(jobs, clean, faulty):
+        assert_same(a, b, f"injected {p!r} {case}")
     stats = llm42_stats(inject_server.url)
     assert stats["rollbacks"] > 0 and stats["injected_mismatches"] > 0, stats
     assert stats["overlap_schedule"] is False and stats["early_results"] == 0, stats

@@ -54,7 +54,7 @@ def _normal(url, i):
 
 def test_retracted_deterministic_requests_reproduce(pressure_server):
     url = pressure_server.url
-    jobs = [(p, c) for p in PROMPTS[:2] for c in CASES]
+    jobs = [(p, c) for p in PROMPTS[:2] for c in CASES[:2]] + [(PROMPTS[0], CASES[2])]
     # references: one at a time on the empty server (a single request always fits)
     refs = [det_request(url, p, NEW_TOKENS, **c) for p, c in jobs]
     requests.post(url + "/reset_llm42_stats", timeout=30)
