@@ -282,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lora-name", default=None, help="adapter the lora feature's requests use")
     args = p.parse_args(argv)
     try:
-        det_requests(1, 0, _features(args), args.lora_name)
+        num_requests = len(det_requests(args.num_prompts, args.seed, _features(args),
+                                        args.lora_name))
     except ValueError as exc:
         p.error(str(exc))
     levels = args.background.split(",")
@@ -320,8 +321,7 @@ def main(argv: list[str] | None = None) -> int:
               "command": shlex.join(getattr(sys, "orig_argv", sys.argv)), "url": url,
               "model": model, "server_args": shlex.join(server_args) if args.launch else None,
               "gpu": env_info.gpu_name(), "git_commit": env_info.git_commit(),
-              "num_requests": len(det_requests(args.num_prompts, args.seed, _features(args),
-                                               args.lora_name)), "max_new_tokens": args.max_new_tokens,
+              "num_requests": num_requests, "max_new_tokens": args.max_new_tokens,
               "background_levels": [int(x) for x in levels], "repeats": args.repeats,
               "num_trials": args.repeats * len(levels), "llm42_stats_before": stats,
               "llm42_stats_after": stats_after, "runs": runs,

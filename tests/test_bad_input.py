@@ -156,7 +156,7 @@ def test_request_level_features_rejected_by_llm42_itself():
         input_embeds = None
         token_ids_logprob = None
 
-    found = request_fields.unsupported_features({}, Req())
+    found = request_fields.unsupported_features(Req())
     assert found == ["return_hidden_states"]
 
 

@@ -17,7 +17,14 @@ import json
 import pytest
 import requests
 
-from helpers import PROMPTS, assert_same, concurrently, generate, llm42_stats
+from helpers import (
+    PROMPTS,
+    assert_bitwise_everywhere,
+    assert_same,
+    concurrently,
+    generate,
+    llm42_stats,
+)
 
 pytestmark = pytest.mark.server
 
@@ -44,20 +51,15 @@ def test_adapters_bitwise_alone_loaded_batched_and_through_rollbacks(batched_ser
     before = llm42_stats(url)["rollbacks"]
     prompts = PROMPTS[:2]
     cases = [(p, lora) for p in prompts for lora in ADAPTERS]
-    refs = {case: _det(url, *case) for case in cases}
-    for p in prompts:
-        base, a, b = (refs[(p, lora)][0] for lora in ADAPTERS)
-        assert a != base and b != base and a != b, f"an adapter had no effect on {p!r}"
-    for case in cases:
-        assert_same(refs[case], _det(url, *case), f"repeat {case}")
-    loaded = concurrently([lambda c=c: _det(url, *c) for c in cases]
-                          + _normal_traffic(url, 12))[: len(cases)]
-    for case, got in zip(cases, loaded):
-        assert_same(refs[case], got, f"among normal traffic of every adapter {case}")
-    batched = generate(url, [p for p, _ in cases], det=True, max_new_tokens=20,
-                       extra={"lora_path": [lora for _, lora in cases]}, **SEEDED)
-    for case, got in zip(cases, batched):
-        assert_same(refs[case], got, f"batched with other adapters {case}")
+    refs, _ = assert_bitwise_everywhere(
+        url, lambda url, case: _det(url, *case), cases,
+        normal_traffic=_normal_traffic(url, 12),  # of every adapter
+        batched=lambda url: generate(url, [p for p, _ in cases], det=True, max_new_tokens=20,
+                                     extra={"lora_path": [lora for _, lora in cases]},
+                                     **SEEDED))
+    for i in range(0, len(cases), len(ADAPTERS)):  # per prompt: base, a, b
+        base, a, b = (r[0] for r in refs[i : i + len(ADAPTERS)])
+        assert a != base and b != base and a != b, f"an adapter had no effect on {cases[i][0]!r}"
     assert llm42_stats(url)["rollbacks"] > before, "no rollback was exercised"
 
 

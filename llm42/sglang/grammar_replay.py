@@ -43,11 +43,6 @@ def _grammar(req):
     return grammar if hasattr(grammar, "accepted_tokens") else None
 
 
-def num_accepted(req) -> int:
-    grammar = _grammar(req)
-    return 0 if grammar is None else len(grammar.accepted_tokens)
-
-
 def rewind(req, num_kept: int) -> None:
     """The matcher forgets every accepted token from output index `num_kept` on."""
     grammar = _grammar(req)

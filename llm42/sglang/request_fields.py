@@ -48,7 +48,7 @@ def parse_flag(value: Any, *, enabled: bool) -> bool:
     return value
 
 
-def unsupported_features(sampling: dict, request: Any) -> list[str]:
+def unsupported_features(request: Any) -> list[str]:
     found = [
         name for key, (bad, name) in _UNSUPPORTED_REQUEST.items() if bad(getattr(request, key, None))
     ]
@@ -198,7 +198,7 @@ def create_tokenized_object_hook(self, obj, *args, **kwargs):
     if enabled:
         check_sampling_seed(sampling)
     if is_det:
-        bad = unsupported_features(sampling, obj)
+        bad = unsupported_features(obj)
         if bad:
             raise ValueError(
                 f"'{FIELD}': true cannot be combined with {', '.join(bad)}: the llm42 verifier "

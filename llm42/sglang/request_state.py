@@ -20,8 +20,9 @@ class Llm42Req:
     """llm42's fields of one SGLang `Req`.
 
     Invariants: a deterministic request (`det` set) never gets a `noise_seed` (it samples with
-    its own seed); `published`, `prefix_cap` and `sglang_extra_key` exist only with `det`. Window counters, the
-    deferred finish and the readiness stamp live in `det` (`DetRequestState`), never here.
+    its own seed); `published`, `prefix_cap` and `sglang_extra_key` exist only with `det`. Window
+    counters, the deferred finish and the readiness stamp live in `det` (`DetRequestState`),
+    never here.
     """
 
     det: DetRequestState | None = None

@@ -11,11 +11,11 @@ batch's SamplingBatchInfo, whose penalties are pre-accumulated (`update_penaltie
 4. `logits += logit_bias`;
 
 and the Sampler then applies custom logit processors first (`custom_processors`, replayed with the
-tokens before each position). The verifier samples through the same Sampler with a SamplingBatchInfo of its own, so it applies
-these itself, per entry, with SGLang's float32 values, ops and order. At an entry predicting
-output token k, SGLang's penalizers have seen the output tokens o_0 .. o_{k-1} (one per decode
-step, `ScheduleBatch.prepare_for_decode`), and `penalty_rows` rebuilds their state from exactly
-those tokens:
+tokens before each position). The verifier samples through the same Sampler with a
+SamplingBatchInfo of its own, so it applies these itself, per entry, with SGLang's float32 values,
+ops and order. At an entry predicting output token k, SGLang's penalizers have seen the output
+tokens o_0 .. o_{k-1} (one per decode step, `ScheduleBatch.prepare_for_decode`), and `penalty_rows`
+rebuilds their state from exactly those tokens:
 
 - frequency: `penalty` added count(v) times, one float32 addition at a time (a lookup table);
 - presence: `penalty` where count(v) > 0; repetition: `penalty` where count(v) > 0, else 1;
