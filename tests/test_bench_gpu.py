@@ -131,7 +131,7 @@ def test_gguf_split_joins_back_under_its_checksum(tmp_path):
     src = tmp_path / "model.gguf"
     src.write_bytes(bytes(range(256)) * 41 + b"tail")
     pieces = split_file(src, tmp_path / "repo")
-    assert [p.parent.name for p in pieces] == [".gpu-gguf1", ".gpu-gguf2"]
+    assert [p.parent.name for p in pieces] == [".gpu-gguf1", ".gpu-gguf2", ".gpu-gguf3"]
     joined = b"".join(p.read_bytes() for p in pieces)
     assert joined == src.read_bytes()
     sums = {(p.parent / "SHA256").read_text() for p in pieces}

@@ -13,7 +13,7 @@ Writes, all well under the device's 64 MiB working-tree limit:
   .gpu/GIT_COMMIT          this checkout's commit, recorded in the GPU results
 
 With --smollm2-gguf it also splits the embedded model's GGUF file (98 MB, over the limit) into
-.gpu-gguf1/ and .gpu-gguf2/ (send each in its own back-to-back device call that copies it to
+.gpu-gguf1/ .. .gpu-gguf3/ (send each in its own back-to-back device call that copies it to
 /tmp/llm42-gguf/, see `gguf_receive_command`) and puts the `accelerate` wheel, which
 transformers' GGUF loader needs and the bundle lacks, in .gpu/wheels-extra/; the suite then
 joins the parts, checks the sha256 and converts SmolLM2 with its real weights
@@ -73,7 +73,8 @@ def copy_smollm2(dst: Path) -> Path:
     return src
 
 
-GGUF_PARTS = 2
+# The repository's tree (~17 MiB) travels with every call, so a part must stay under ~45 MiB.
+GGUF_PARTS = 3
 GGUF_HOST_DIR = "/tmp/llm42-gguf"
 
 
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bundle-src", default=str(DEFAULT_BUNDLE))
     p.add_argument("--skip", default="", help="comma list of bundle,smollm2,sharegpt")
     p.add_argument("--smollm2-gguf", action="store_true",
-                   help="also split SmolLM2's GGUF into .gpu-gguf1/ and .gpu-gguf2/ (real weights)")
+                   help="also split SmolLM2's GGUF into .gpu-gguf1/ .. .gpu-gguf3/ (real weights)")
     args = p.parse_args(argv)
     dest, skip = Path(args.dest), set(args.skip.split(","))
     dest.mkdir(parents=True, exist_ok=True)

@@ -200,7 +200,7 @@ model_smollm2() {
 smollm2_real() {  # the GGUF arrived in parts in $GGUF_DIR (prepare_assets --smollm2-gguf)
   local gguf=$GGUF_DIR/SmolLM2-135M-Instruct.Q4_1.gguf
   log "joining $GGUF_DIR/part* and converting SmolLM2-135M-Instruct (real weights) to $MODEL_SMOL"
-  cat "$GGUF_DIR"/part1 "$GGUF_DIR"/part2 > "$gguf" || return 1
+  cat "$GGUF_DIR"/part[0-9] > "$gguf" || return 1
   (cd "$GGUF_DIR" && sha256sum -c SHA256) || { log "GGUF checksum mismatch: resend the parts"; return 1; }
   "$PYTHON" -m pip install -q --no-index --no-deps --target "$PREFIX/extra-site" \
     "$REPO"/.gpu/wheels-extra/*.whl || return 1
