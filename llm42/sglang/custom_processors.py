@@ -4,7 +4,7 @@ SGLang hands a processor each row's `custom_params` plus the live request as `__
 processors it ships (thinking budgets, no-repeat n-grams) read `origin_input_ids` and
 `output_ids`. On the fast path, when output token k is sampled, `output_ids` holds exactly the k
 tokens before it: candidates included, and the overlap loop's result in flight is processed
-first while such a request runs (`penalty_rewind.needs_fed_outputs`). The verifier calls the
+first while such a request runs (`in_flight.needs_fed_outputs`). The verifier calls the
 same processor for the entry predicting token k with a view of the request whose `output_ids`
 are those k tokens, so a processor that is a function of the tokens before a position gives the
 verifier what it gave the fast path. One that reads other live state (wall time, counters it

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from llm42.core.verify_round import due_jobs, range_is_fixed
-from llm42.sglang import in_flight, penalty_rewind, runtime, verify_passes
+from llm42.sglang import in_flight, runtime, verify_passes
 from llm42.sglang.request_state import det_state
 
 
@@ -39,7 +39,7 @@ def next_batch_hook(original, scheduler, running_batch, last_batch):
     if rt is not None:
         if rt.step_kind is not None:
             rt.stats.observe_step(rt.step_kind, now - rt.step_started)
-        if in_flight.in_flight(scheduler) and penalty_rewind.needs_fed_outputs(
+        if in_flight.in_flight(scheduler) and in_flight.needs_fed_outputs(
                 [r for b in (running_batch, last_batch) if b is not None for r in b.reqs]):
             in_flight.drain(scheduler)  # penalizers must see every token before the next step
         if running_batch is not None and running_batch.reqs:

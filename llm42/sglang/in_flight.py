@@ -45,3 +45,23 @@ def drain(scheduler) -> None:
     rt.stats.observe_early_result(time.perf_counter() - t0)
     if runtime.TIMELINE is not None:
         runtime.TIMELINE.observe_drain()
+
+
+def needs_fed_outputs(reqs) -> bool:
+    """Overlap loop: must the in-flight result be processed before the next batch is built?
+
+    `prepare_for_decode` feeds the penalizers each request's last *processed* output token. With
+    a result still in flight that is one token behind (the last prompt token on the first decode
+    step) and, as llm42 processes results early only on verification steps, now and then one
+    token skipped and the next fed twice: a timing-dependent state the verifier cannot replay.
+    So while a deterministic request with frequency / presence / repetition penalties is in the
+    batch (or its prefill is in flight), every step processes its result first, and the fast
+    path feeds o_{k-1} before sampling o_k, as the verifier assumes. (min_new_tokens only counts
+    steps, which is right either way.) A custom logit processor reads the request's output_ids,
+    which lag the same way: the same rule holds for it."""
+    from llm42.sglang import verify_logits
+    from llm42.sglang.request_fields import is_deterministic_params
+
+    return any(is_deterministic_params(r.sampling_params)
+               and (verify_logits.uses_penalties(r.sampling_params)
+                    or getattr(r, "custom_logit_processor", None)) for r in reqs)
