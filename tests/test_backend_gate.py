@@ -25,12 +25,12 @@ CASES = [
     # (prefill, decode, allow_unproven) -> (allowed, unproven_backend)
     ("triton", "triton", False, True, None),  # the GPU proofs' backend
     ("torch_native", "torch_native", False, True, None),  # the CPU proofs' backend
-    ("flashinfer", "flashinfer", False, False, "flashinfer"),  # batch-shaped KV splits
+    ("flashinfer", "flashinfer", False, True, None),  # fixed split in passes, H200 proof
     ("fa3", "fa3", False, False, "fa3"),  # Hopper's default; num_splits from the batch
-    ("flashinfer", "triton", False, False, "flashinfer"),  # a split: the unproven half counts
+    ("flex_attention", "triton", False, False, "flex_attention"),  # a split: the unproven half
     ("triton", "fa3", False, False, "fa3"),  # ... on either side
-    ("fa3", "flashinfer", False, False, "fa3, flashinfer"),  # both named
-    ("flashinfer", "flashinfer", True, True, "flashinfer"),  # override: starts, reported
+    ("fa3", "flex_attention", False, False, "fa3, flex_attention"),  # both named
+    ("fa3", "fa3", True, True, "fa3"),  # override: starts, reported
     ("triton", "triton", True, True, None),  # override on a proven backend: nothing to report
 ]
 
@@ -59,7 +59,8 @@ def test_the_refusal_says_how_to_fix_it_and_when_sglang_chose_the_backend():
 
 @pytest.mark.parametrize("lora, allow, allowed, unproven", [
     ("torch_native", False, True, None),  # the CPU LoRA proofs' backend
-    ("csgmv", False, False, "lora:csgmv"),  # SGLang's GPU default: segments from the batch
+    ("csgmv", False, True, None),  # SGLang's GPU default: the H200 proof
+    ("triton", False, False, "lora:triton"),  # segments planned from the batch, no proof
     ("triton", True, True, "lora:triton"),  # override: starts, reported
 ])
 def test_lora_backends_are_gated_too(lora, allow, allowed, unproven):
@@ -69,16 +70,16 @@ def test_lora_backends_are_gated_too(lora, allow, allowed, unproven):
         assert f"LoRA backend {lora}" in verdict.message and OVERRIDE_FLAG in verdict.message
         assert all(name in verdict.message for name in PROVEN_LORA_BACKENDS)
     if not allowed:
-        assert "--lora-backend torch_native" in verdict.message
+        assert "--lora-backend csgmv" in verdict.message
         assert "--attention-backend" not in verdict.message  # triton is proven
-    both = check("fa3", "fa3", allow_unproven=False, lora_backend="csgmv")
-    assert both.unproven_backend == "fa3, lora:csgmv"
+    both = check("fa3", "fa3", allow_unproven=False, lora_backend="triton")
+    assert both.unproven_backend == "fa3, lora:triton"
 
 
 def test_lora_backend_counts_only_with_lora_on():
     def args(enable_lora):
         return SimpleNamespace(get_attention_backends=lambda: ("triton", "triton"),
-                               enable_lora=enable_lora, lora_backend="csgmv")
+                               enable_lora=enable_lora, lora_backend="triton")
 
     assert check_server_args(args(False), allow_unproven=False).allowed
     assert not check_server_args(args(True), allow_unproven=False).allowed
@@ -106,13 +107,13 @@ def scheduler_init(monkeypatch):
 
 
 def test_the_scheduler_refuses_an_unproven_backend(scheduler_init):
-    with pytest.raises(ValueError, match=f"flashinfer.*{OVERRIDE_FLAG}"):
-        scheduler_init(_scheduler("flashinfer", "flashinfer", allow=False))
+    with pytest.raises(ValueError, match=f"fa3.*{OVERRIDE_FLAG}"):
+        scheduler_init(_scheduler("fa3", "fa3", allow=False))
     assert runtime.RUNTIME is None
 
 
 @pytest.mark.parametrize("backend, allow, reported", [
-    ("flashinfer", True, "flashinfer"),  # the override: started, and the stats say on what
+    ("fa3", True, "fa3"),  # the override: started, and the stats say on what
     ("triton", False, None),  # a proven backend: null
 ])
 def test_the_stats_report_the_unproven_backend(scheduler_init, backend, allow, reported):

@@ -54,7 +54,7 @@ BAD_FLAGS = [
 ]
 # A backend without a determinism proof (SGLang accepts the name on CPU: nothing runs it before
 # the scheduler starts), refused, then started with the override.
-UNPROVEN_BACKEND = ["--attention-backend", "flashinfer"]
+UNPROVEN_BACKEND = ["--attention-backend", "fa3"]
 OVERRIDE = "--llm42-allow-unproven-backend"
 GOOD_FLAGS = ["--llm42-window-size", "16", "--llm42-verify-batch-size", "2",
               "--llm42-max-verify-wait", "3", "--llm42-solo-prefill-min-tokens", "300"]
@@ -143,12 +143,11 @@ def test_unproven_attention_backend_stops_the_launch_unless_overridden(parsed_la
     refused, overridden = parsed_launch_args[-2:]
     assert refused["code"] == 2, refused
     error = refused["stderr"][refused["stderr"].index("llm42: error:"):]
-    for needle in ("attention backend flashinfer", "triton", "torch_native", OVERRIDE):
+    for needle in ("attention backend fa3", "triton", "torch_native", OVERRIDE):
         assert needle in error, error
     assert overridden["code"] == "accepted", overridden["stderr"][-2000:]
     assert "llm42: warning:" in overridden["stderr"] and OVERRIDE in overridden["stderr"]
-    assert overridden["gate"] == {"attention_backend": "flashinfer",
-                                  "unproven_backend": "flashinfer"}
+    assert overridden["gate"] == {"attention_backend": "fa3", "unproven_backend": "fa3"}
     good = parsed_launch_args[1]  # torch_native: proven, nothing to report
     assert good["gate"] == {"attention_backend": "torch_native", "unproven_backend": None}
 

@@ -57,8 +57,8 @@
 #   PROOF_LLM42_ARGS="" (extra llm42 flags of the proof server, e.g. --llm42-batched-prefill)
 #   PROOF_FEATURES=n2,penalty,json,lora (sampling-API requests added per prompt; lora: a random
 #   adapter written next to the model, served with --lora-backend $PROOF_LORA_BACKEND, default
-#   csgmv, SGLang's own; unproven until this proof passes, so the proof server passes
-#   --llm42-allow-unproven-backend). PROOF_FEATURES="" runs the proof without them
+#   csgmv, SGLang's own, proven on the H200 2026-12-05; another LoRA backend needs
+#   PROOF_LLM42_ARGS=--llm42-allow-unproven-backend). PROOF_FEATURES="" runs the proof without them
 #   LLM42_ARGS="" (extra flags of every llm42 server of the driver steps, e.g.
 #   "--llm42-max-verify-wait 64"; they also name the server in the tables; ';' separates
 #   variants, one server each: ";--llm42-max-verify-wait 64" = defaults, then wait 64)
@@ -318,7 +318,7 @@ proof_step() {  # $1 = model folder, $2 = the function that writes it; $step fro
     local adapter="$model-lora"
     [[ -f $adapter/adapter_model.safetensors ]] || \
       env_python -m llm42.models random-lora --base "$model" --out "$adapter" --seed 1 || return 1
-    lora_args="--enable-lora --lora-paths proof=$adapter --max-loras-per-batch 2 --lora-backend $PROOF_LORA_BACKEND --llm42-allow-unproven-backend"
+    lora_args="--enable-lora --lora-paths proof=$adapter --max-loras-per-batch 2 --lora-backend $PROOF_LORA_BACKEND"
     lora_name=(--lora-name proof)
   fi
   env_python -m benchmarks.determinism_proof --launch --model-path "$model" \

@@ -4,13 +4,13 @@ determinism has been proven, since that is where a silent break of the guarantee
 A verification pass is reproducible only if each row's attention is computed independently of
 the pass's other rows. Backends that pick their KV-split strategy from the whole batch's shape
 (FlashInfer, FA3: SGLang's deterministic mode pins their splits) may give a row different bits
-next to different rows. Which backends keep rows independent is a measured fact, not a property
-llm42 can check at startup, hence a list of the proven ones (`PROVEN_BACKENDS`). LoRA kernels
+next to different rows unless the pass pins them too (`pass_attention`). Which backends keep rows
+independent is a measured fact, not a property llm42 can check at startup, hence a list of the proven ones (`PROVEN_BACKENDS`). LoRA kernels
 add to each row an adapter product computed in segments of rows that share an adapter, so they
 are gated the same way (`PROVEN_LORA_BACKENDS`) on a server with `--enable-lora`:
 
-    verdict = check("flashinfer", "flashinfer", allow_unproven=False)
-    verdict.allowed, verdict.message  # False, "attention backend flashinfer has no ..."
+    verdict = check("fa3", "fa3", allow_unproven=False)
+    verdict.allowed, verdict.message  # False, "attention backend fa3 has no ..."
 """
 
 from __future__ import annotations
@@ -20,10 +20,14 @@ from dataclasses import dataclass
 # Backend -> where its determinism was proven. Add a backend only with its proof committed.
 PROVEN_BACKENDS: dict[str, str] = {
     "triton": "GPU: the H200 determinism proofs in benchmarks/results/",
+    "flashinfer": "GPU: the H200 determinism proof in "
+                  "benchmarks/results/h200-2026-12-05-sampling-api-flashinfer-ceiling/",
     "torch_native": "CPU: the test suite",
 }
-# LoRA backend -> where its determinism was proven (SGLang's GPU default, csgmv, has no proof yet).
+# LoRA backend -> where its determinism was proven.
 PROVEN_LORA_BACKENDS: dict[str, str] = {
+    "csgmv": "GPU: the H200 determinism proof in "
+             "benchmarks/results/h200-2026-12-05-sampling-api-flashinfer-ceiling/",
     "torch_native": "CPU: the test suite",
 }
 OVERRIDE_FLAG = "--llm42-allow-unproven-backend"
@@ -61,7 +65,7 @@ def check(prefill: str, decode: str, *, allow_unproven: bool, auto_selected: boo
     if lora_unproven:
         problems.append(f"LoRA backend {lora_backend} has no determinism proof for llm42's "
                         f"verification pass (proven: {_listed(PROVEN_LORA_BACKENDS)})")
-        fixes.append("--lora-backend torch_native")
+        fixes.append("--lora-backend csgmv (torch_native on CPU)")
         unproven.append(f"lora:{lora_backend}")
     problem = "; ".join(problems)
     if allow_unproven:
