@@ -10,7 +10,7 @@ passes, so normal batches keep SGLang's planning:
 - the paged kernel for every row (no ragged path),
 - a fixed KV split of `PASS_SPLIT_TILE_SIZE` tokens (SGLang's deterministic default, the value of
   its `SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE`),
-- eager passes: a replayed prefill CUDA graph re-plans the captured grid with a free split.
+- eager passes: SGLang's prefill-graph paths plan attention without the fixed split.
 
 FA3 picks its number of KV splits per call from the batch (`num_splits = 0`, a heuristic); SGLang's
 deterministic mode sets `num_splits = 1`. llm42 sets it inside its passes, which run eagerly on FA3
