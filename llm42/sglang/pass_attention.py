@@ -23,6 +23,8 @@ backend's proof ran with.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from llm42.sglang import runtime
 
 PASS_SPLIT_TILE_SIZE = 4096
@@ -37,13 +39,10 @@ def init_forward_metadata_hook(original, backend, forward_batch):
     deterministic mode does (paged kernel, fixed split); elsewhere unchanged."""
     if not runtime.IN_VERIFY_PASS:
         return original(backend, forward_batch)
-    saved = backend.enable_deterministic, backend.prefill_split_tile_size
-    backend.enable_deterministic = True  # read by the plan only: selects the paged kernel
-    backend.prefill_split_tile_size = PASS_SPLIT_TILE_SIZE
-    try:
+    # enable_deterministic is read by the plan only: it selects the paged kernel
+    with _pinned(backend, enable_deterministic=True,
+                 prefill_split_tile_size=PASS_SPLIT_TILE_SIZE):
         return original(backend, forward_batch)
-    finally:
-        backend.enable_deterministic, backend.prefill_split_tile_size = saved
 
 
 def fa3_forward_extend_hook(original, backend, *args, **kwargs):
@@ -51,12 +50,22 @@ def fa3_forward_extend_hook(original, backend, *args, **kwargs):
     of the extend path reads `backend.num_splits`); elsewhere SGLang's heuristic."""
     if not runtime.IN_VERIFY_PASS:
         return original(backend, *args, **kwargs)
-    saved = backend.num_splits
-    backend.num_splits = FA3_PASS_NUM_SPLITS
-    try:
+    with _pinned(backend, num_splits=FA3_PASS_NUM_SPLITS):
         return original(backend, *args, **kwargs)
+
+
+@contextmanager
+def _pinned(backend, **values):
+    """The backend's attributes set to `values` for one call, then back to SGLang's (also when
+    the call fails): the next, normal batch plans as SGLang does."""
+    saved = {name: getattr(backend, name) for name in values}
+    for name, value in values.items():
+        setattr(backend, name, value)
+    try:
+        yield
     finally:
-        backend.num_splits = saved
+        for name, value in saved.items():
+            setattr(backend, name, value)
 
 
 def can_run_graph_hook(original, runner, forward_batch) -> bool:
