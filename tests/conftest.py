@@ -105,11 +105,10 @@ def batched_server(tiny_model, lora_adapters, tmp_path_factory):
 @pytest.fixture(scope="session")
 def plain_server(tiny_model, tmp_path_factory):
     """SGLang without --enable-llm42 (the plugin is loaded), recording a baseline step timeline.
-    With SGLang's --enable-fp32-lm-head: the fp32 logits llm42 computes for every request by
-    default (`--llm42-fp32-logits`), so normal requests compare bitwise across the two."""
+    SGLang's own bf16 LM head: llm42's fp32 logits are for deterministic rows and passes only,
+    so normal requests compare bitwise across the two."""
     timeline = tmp_path_factory.mktemp("plain-timeline")
     server = _start(tiny_model, ["--random-seed", "7", "--context-length", str(CONTEXT),
-                                 "--enable-fp32-lm-head",
                                  "--llm42-timeline-dir", str(timeline)],
                     "plain", tmp_path_factory)
     yield server

@@ -1,4 +1,5 @@
-"""`--llm42-fp32-logits`: the LM head hook gives fp32 logits where SGLang rounds them to bf16."""
+"""`--llm42-fp32-logits`: fp32 logits where SGLang rounds them to bf16, for the rows that are
+verified (passes, deterministic rows) and no others."""
 
 from __future__ import annotations
 
@@ -27,8 +28,12 @@ def head():
 
 @pytest.mark.parametrize("on", [True, False])
 def test_hook_gives_fp32_logits_only_when_enabled(monkeypatch, head, on):
+    """Inside a verification pass (every row fp32), with the flag on."""
+    from llm42.sglang import runtime
+
     processor, hidden, lm_head = head
     monkeypatch.setattr(fp32_logits, "_ENABLED", on)
+    monkeypatch.setattr(runtime, "IN_VERIFY_PASS", True)
     out = fp32_logits.compute_lm_head_hook(_original, processor, hidden, lm_head)
     exact = hidden.double() @ lm_head.weight.double().T
     if not on:
@@ -47,8 +52,11 @@ def test_hook_gives_fp32_logits_only_when_enabled(monkeypatch, head, on):
 
 
 def test_quantized_or_lora_heads_keep_sglangs_path(monkeypatch, head):
+    from llm42.sglang import runtime
+
     processor, hidden, lm_head = head
     monkeypatch.setattr(fp32_logits, "_ENABLED", True)
+    monkeypatch.setattr(runtime, "IN_VERIFY_PASS", True)
     lora = SimpleNamespace(weight=lm_head.weight, set_lora=1, apply_lora=1)
     assert fp32_logits.compute_lm_head_hook(_original, processor, hidden, lora).dtype == \
         torch.bfloat16
@@ -71,3 +79,86 @@ def test_enabled_reads_the_flag_from_sglangs_server_args(monkeypatch):
         monkeypatch.setattr(runtime_context, "get_server_args", lambda ns=ns: ns)
         monkeypatch.setattr(fp32_logits, "_ENABLED", None)
         assert fp32_logits.enabled() is expected
+
+
+# --- which rows get fp32 logits (issue 33): deterministic rows and passes only ---------------
+
+def _sglang_processor(vocab: int):
+    """SGLang's LogitsProcessor with only what `_get_logits` reads on one rank (no TP gather, no
+    DP attention), so the real `_get_logits` pipeline runs around the hook."""
+    processor = lp.LogitsProcessor.__new__(lp.LogitsProcessor)
+    processor.__dict__.update(
+        use_fp32_lm_head=False, rl_on_policy_target=None, logit_scale=None, vocab_size=vocab,
+        do_tensor_parallel_all_gather=False, do_tensor_parallel_all_gather_dp_attn=False,
+        final_logit_softcapping=None)
+    return processor
+
+
+@pytest.fixture
+def hooked(monkeypatch, head):
+    """The LM head hook installed on SGLang's LogitsProcessor, fp32 logits on, and a fake
+    forward that runs SGLang's `_get_logits` over every row as its logits processor would."""
+    _, hidden, lm_head = head
+    original = lp.LogitsProcessor._compute_lm_head
+    monkeypatch.setattr(lp.LogitsProcessor, "_compute_lm_head",
+                        lambda self, *a, **k: fp32_logits.compute_lm_head_hook(
+                            original, self, *a, **k))
+    monkeypatch.setattr(fp32_logits, "_ENABLED", True)
+    processor = _sglang_processor(lm_head.weight.shape[0])
+    metadata = SimpleNamespace(next_token_logits_buffer=None)
+
+    def forward(runner, batch):
+        logits = processor._get_logits(hidden, lm_head, metadata)
+        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits))
+
+    return forward, hidden, lm_head
+
+
+def _batch(det: list[bool], mode: str = "DECODE", return_logprob: bool = False):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from llm42.sglang import det_rows
+
+    info = SimpleNamespace()
+    det_rows.mark(info, det)
+    return SimpleNamespace(forward_mode=getattr(ForwardMode, mode), sampling_info=info,
+                           return_logprob=return_logprob)
+
+
+_RUNNER = SimpleNamespace(server_args=SimpleNamespace(enable_dp_attention=False))
+
+
+@pytest.mark.parametrize("mode", ["DECODE", "EXTEND"])
+def test_only_deterministic_rows_get_fp32_logits(hooked, mode):
+    """Normal rows keep SGLang's bf16 LM head bit for bit (upcast exactly, as SGLang does);
+    deterministic rows get the fp32 GEMM's logits of their own hidden state."""
+    forward, hidden, lm_head = hooked
+    det = [False, True, False, False, True, False]
+    out = fp32_logits.model_forward_hook(forward, _RUNNER, _batch(det, mode)).logits_output
+    bf16 = _original(None, hidden, lm_head).float()
+    fp32 = dict(zip([1, 4], fp32_logits.fp32_matmul(hidden[[1, 4]], lm_head.weight)))
+    for i, is_det in enumerate(det):
+        expected = fp32[i] if is_det else bf16[i]
+        assert torch.equal(out.next_token_logits[i], expected), (i, is_det)
+    assert not torch.equal(fp32[1], bf16[1])  # the two paths really differ on these rows
+
+
+def test_a_batch_without_deterministic_rows_is_sglangs(hooked):
+    forward, hidden, lm_head = hooked
+    out = fp32_logits.model_forward_hook(forward, _RUNNER, _batch([False] * 6)).logits_output
+    assert torch.equal(out.next_token_logits, _original(None, hidden, lm_head).float())
+
+
+def test_passes_and_token_rows_get_fp32_for_every_row(hooked, monkeypatch):
+    """A verification pass, and an extend batch with input logprobs and a deterministic row
+    (its rows are prompt tokens, not requests), compute every row in fp32."""
+    from llm42.sglang import runtime
+
+    forward, hidden, lm_head = hooked
+    fp32 = fp32_logits.fp32_matmul(hidden, lm_head.weight)
+    tokens = _batch([True] + [False] * 5, "EXTEND", return_logprob=True)
+    out = fp32_logits.model_forward_hook(forward, _RUNNER, tokens).logits_output
+    assert torch.equal(out.next_token_logits, fp32)
+    monkeypatch.setattr(runtime, "IN_VERIFY_PASS", True)
+    out = fp32_logits.model_forward_hook(forward, _RUNNER, _batch([False] * 6)).logits_output
+    assert torch.equal(out.next_token_logits, fp32)

@@ -198,9 +198,9 @@ def test_deterministic_without_enable_flag_is_400(plain_server, endpoint):
 
 
 def test_normal_requests_unchanged_with_llm42_on(llm42_server, plain_server):
-    """A normal request, sent alone, is bitwise identical with and without --enable-llm42 (plain
-    SGLang with --enable-fp32-lm-head: llm42's default fp32 logits are SGLang's fp32 LM head
-    without its per-step weight copy)."""
+    """A normal request, sent alone, is bitwise identical with and without --enable-llm42: plain
+    SGLang at its bf16 LM head, while llm42's default `--llm42-fp32-logits` is on. The guard of
+    issue 33: fp32 logits are computed for deterministic rows and passes, never normal rows."""
     for prompt in ["The capital of France is", "def add(a, b):"]:
         on = generate(llm42_server.url, prompt, det=None, max_new_tokens=16)
         off = generate(plain_server.url, prompt, det=None, max_new_tokens=16)

@@ -1,4 +1,4 @@
-"""`--llm42-fp32-logits`: the LM head's logits in fp32, at the cost of a bf16 GEMM.
+"""`--llm42-fp32-logits`: fp32 logits for the rows that are verified, SGLang's bf16 for the rest.
 
 SGLang rounds the LM head's output to the model dtype before it becomes float32. bf16 keeps 8
 bits of mantissa: logits around 15 are quantized in steps of 0.06, so many tokens tie, and a
@@ -6,22 +6,59 @@ last-bit difference between the decode batch and the verification pass moves a l
 rounding boundary and flips the argmax. Measured on SmolLM2 real weights (CPU, W = 16, B = 32):
 greedy recompute 18.2 % with bf16 logits, 6.0 % with fp32 logits.
 
-SGLang's own `--enable-fp32-lm-head` copies the weights to fp32 on every forward. Here the GEMM
-reads the bf16 weights once and writes fp32 (`torch.mm(..., out_dtype=torch.float32)` on CUDA,
-fp32 accumulation as in any bf16 GEMM); where that overload is missing (CPU) the inputs are
-upcast, as SGLang does. The choice is made from the server arguments, not from llm42's runtime:
-SGLang captures its decode CUDA graphs before llm42's scheduler hook runs.
+Only two kinds of row need them: every row of a verification pass, and the deterministic rows
+of a fast-path batch (their candidates must agree with the pass). Normal rows keep SGLang's
+bf16 LM head, so their outputs equal plain SGLang's and they pay nothing (issue 33: fp32 logits
+for every row of an 8B decode batch cost normal traffic). Per forward:
+
+    pass (runtime.IN_VERIFY_PASS), or an extend batch with a deterministic row and
+    input logprobs (rows are tokens, not requests)  -> every row fp32 in the LM head hook
+    otherwise                                       -> SGLang's bf16 for every row; after the
+                                                       forward, the deterministic rows' logits
+                                                       are recomputed in fp32 from their hidden
+                                                       states and written over theirs
+
+The decode CUDA graph holds the LM head, so Python does not run when it replays: while a graph
+is captured, the hook copies the LM head's input into a persistent buffer (one small copy per
+step), and the recompute reads it there. Eager forwards (extend batches: SGLang's prefill graphs
+stop before the LM head) keep a reference instead. The recompute goes through SGLang's own
+`LogitsProcessor._get_logits` (logit scale, TP gather, vocabulary cut, soft-capping), like a
+pass's rows.
+
+The GEMM reads the bf16 weights once and writes fp32 (`torch.mm(..., out_dtype=torch.float32)`
+on CUDA, fp32 accumulation as in any bf16 GEMM); where that overload is missing (CPU) the inputs
+are upcast, as SGLang's `--enable-fp32-lm-head` does on every forward. Whether the flag is on is
+read from the server arguments, not from llm42's runtime: SGLang captures its decode CUDA graphs
+before llm42's scheduler hook runs.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 
 import torch
+
+from llm42.sglang import det_rows, runtime
 
 logger = logging.getLogger(__name__)
 _ENABLED: bool | None = None
 _MM_OUT_DTYPE: dict[str, bool] = {}  # device type -> torch.mm(out_dtype=...) works there
+_DEFAULT_GRAPH_ROWS = 1024  # graph buffer rows when SGLang's decode graph size is unknown
+
+
+class _Forward(threading.local):
+    """What the LM head hook needs to know about the forward it runs in (set around
+    `ModelRunner.forward`; a CUDA graph capture runs outside it and sees the defaults)."""
+
+    all_rows = False  # every row fp32 (see the module docstring)
+    forced = False  # inside the recompute: fp32 whatever else holds
+    eager_hidden: torch.Tensor | None = None  # [rows, H] the LM head's input of this forward
+    head: tuple | None = None  # (LogitsProcessor, lm_head) last seen with a plain LM head
+
+
+_FWD = _Forward()
+_GRAPH_HIDDEN: torch.Tensor | None = None  # [capacity, H] written by every decode graph replay
 
 
 def enabled() -> bool:
@@ -56,11 +93,97 @@ def fp32_matmul(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def compute_lm_head_hook(original, processor, hidden_states, lm_head, embedding_bias=None):
-    """AROUND LogitsProcessor._compute_lm_head: fp32 logits for a plain (unquantized, no LoRA)
-    LM head when `--llm42-fp32-logits` is on; SGLang's path otherwise."""
+    """AROUND LogitsProcessor._compute_lm_head: fp32 logits for every row where the forward
+    needs them all; otherwise SGLang's path, remembering the input for the deterministic rows'
+    recompute. Quantized, LoRA and SGLang's own fp32 heads keep SGLang's path."""
     if not enabled() or not _is_plain(processor, lm_head):
         return original(processor, hidden_states, lm_head, embedding_bias)
-    return fp32_matmul(hidden_states, lm_head.weight)
+    _FWD.head = (processor, lm_head)
+    if runtime.IN_VERIFY_PASS or _FWD.all_rows or _FWD.forced:
+        return fp32_matmul(hidden_states, lm_head.weight)
+    if hidden_states.is_cuda and torch.cuda.is_current_stream_capturing():
+        _graph_buffer(hidden_states)[: hidden_states.shape[0]].copy_(hidden_states)
+    else:
+        _FWD.eager_hidden = hidden_states
+    return original(processor, hidden_states, lm_head, embedding_bias)
+
+
+def model_forward_hook(original, model_runner, forward_batch, *args, **kwargs):
+    """AROUND ModelRunner.forward: decide which rows get fp32 logits, run the forward, then
+    recompute the deterministic rows' logits in fp32 (see the module docstring)."""
+    if not enabled() or runtime.IN_VERIFY_PASS:
+        return original(model_runner, forward_batch, *args, **kwargs)
+    det_index = deterministic_rows(forward_batch)
+    _FWD.all_rows = det_index is not None and _rows_are_tokens(model_runner, forward_batch)
+    _FWD.eager_hidden = None
+    try:
+        out = original(model_runner, forward_batch, *args, **kwargs)
+        if det_index is not None and not _FWD.all_rows:
+            recompute_rows(out.logits_output, det_index, _FWD.eager_hidden)
+    finally:
+        _FWD.all_rows, _FWD.eager_hidden = False, None
+    return out
+
+
+def deterministic_rows(forward_batch) -> list[int] | None:
+    """Indices of the batch's deterministic rows (None: there are none)."""
+    info = getattr(forward_batch, "sampling_info", None)
+    if info is None or forward_batch.forward_mode.is_idle():
+        return None
+    index = [i for i, is_det in enumerate(det_rows.of(info)) if is_det]
+    return index or None
+
+
+def _rows_are_tokens(model_runner, forward_batch) -> bool:
+    """The LM head's rows are not one per request: input logprobs of an extend batch (every
+    prompt token), or DP attention's gathered rows; then every row gets fp32."""
+    if getattr(model_runner.server_args, "enable_dp_attention", False):
+        return True
+    return (not forward_batch.forward_mode.is_decode()) and bool(forward_batch.return_logprob)
+
+
+def recompute_rows(logits_output, det_index: list[int], eager_hidden) -> None:
+    """Overwrite the deterministic rows of `next_token_logits` [rows, V] (fp32: SGLang's bf16
+    logits upcast) with fp32 logits computed from the same hidden states."""
+    logits = getattr(logits_output, "next_token_logits", None)
+    hidden = eager_hidden if eager_hidden is not None else _GRAPH_HIDDEN
+    if logits is None or _FWD.head is None or hidden is None:
+        return  # no LM head of ours ran (LoRA / quantized head): SGLang's logits stand
+    if hidden.shape[0] < logits.shape[0] or logits.dtype != torch.float32:
+        raise RuntimeError(f"llm42 fp32 logits: {hidden.shape[0]} hidden rows for "
+                           f"{tuple(logits.shape)} {logits.dtype} logits")
+    processor, lm_head = _FWD.head
+    index = torch.tensor(det_index, dtype=torch.int64).to(logits.device, non_blocking=True)
+    _FWD.forced = True
+    try:
+        rows = processor._get_logits(hidden.index_select(0, index), lm_head, None,
+                                     use_logits_buffer=False)
+    finally:
+        _FWD.forced = False
+    logits.index_copy_(0, index, rows)
+
+
+def _graph_buffer(hidden: torch.Tensor) -> torch.Tensor:
+    """The one buffer every decode graph writes its LM head input into (sized for SGLang's
+    largest decode graph, so no capture ever needs another)."""
+    global _GRAPH_HIDDEN
+    rows = hidden.shape[0]
+    if _GRAPH_HIDDEN is None:
+        capacity = max(rows, _decode_graph_rows())
+        _GRAPH_HIDDEN = hidden.new_zeros((capacity, hidden.shape[1]))
+    if rows > _GRAPH_HIDDEN.shape[0] or _GRAPH_HIDDEN.shape[1:] != hidden.shape[1:]:
+        raise RuntimeError(f"llm42 fp32 logits: a decode graph of {tuple(hidden.shape)} rows "
+                           f"exceeds the buffer {tuple(_GRAPH_HIDDEN.shape)}")
+    return _GRAPH_HIDDEN
+
+
+def _decode_graph_rows() -> int:
+    try:
+        from sglang.srt.runtime_context import get_server_args
+
+        return int(get_server_args().cuda_graph_config.decode.max_bs)
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        return _DEFAULT_GRAPH_ROWS
 
 
 def _is_plain(processor, lm_head) -> bool:
