@@ -1,5 +1,6 @@
 """The attention-backend gate: proven backends start, unproven ones stop with a message naming
 the backend, the proven list and the override, and the override's backend reaches the stats.
+Without --attention-backend, an llm42 server on a GPU serves on a proven backend by itself.
 
 The launch itself (SGLang's parser and auto-selection, `llm42: error:` on stderr) is tested in
 tests/test_server_surface.py; a CPU server cannot run an unproven backend (they need GPU kernels),
@@ -8,15 +9,21 @@ so the scheduler side is driven here with a fake scheduler holding the resolved 
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
 
 from llm42.sglang import runtime
 from llm42.sglang.backend_gate import (
+    GPU_AUTO_BACKENDS,
     OVERRIDE_FLAG,
     PROVEN_BACKENDS,
     PROVEN_LORA_BACKENDS,
+    auto_select,
     check,
     check_server_args,
 )
@@ -121,3 +128,91 @@ def test_the_stats_report_the_unproven_backend(scheduler_init, backend, allow, r
     snap = runtime.RUNTIME.snapshot()
     assert (snap["unproven_backend"], snap["allow_unproven_backend"]) == (reported, allow)
 
+
+
+AUTO_CASES = [
+    # (SGLang's default, usable here) -> llm42's backend
+    ("fa3", ("flashinfer", "triton"), "flashinfer"),  # Hopper: FA3 has no proof
+    ("trtllm_mha", ("flashinfer", "triton"), "flashinfer"),  # Blackwell's default, no proof
+    ("fa3", ("triton",), "triton"),  # no FlashInfer installed, or attention sinks
+    ("flashinfer", ("flashinfer", "triton"), "flashinfer"),  # SGLang's own pick, proven: kept
+    ("triton", ("triton",), "triton"),  # ... likewise
+    ("aiter", (), "aiter"),  # not an NVIDIA GPU: nothing proven, SGLang's stays for the gate
+]
+
+
+@pytest.mark.parametrize("default, usable, chosen", AUTO_CASES,
+                         ids=[f"{c[0]}-{'+'.join(c[1]) or 'none'}" for c in AUTO_CASES])
+def test_auto_select_serves_a_proven_backend_and_says_why(default, usable, chosen):
+    backend, line = auto_select(default, usable)
+    assert backend == chosen
+    assert line.startswith(f"attention backend {chosen}"), line
+    if chosen != default:
+        assert f"instead of SGLang's default {default}" in line and "proof" in line, line
+        assert "--attention-backend" in line, "the line says how to choose another"
+    assert check(backend, backend, allow_unproven=False).allowed == (chosen != "aiter")
+
+
+def test_the_gpu_preference_lists_only_proven_backends():
+    assert set(GPU_AUTO_BACKENDS) <= set(PROVEN_BACKENDS)
+
+
+# SGLang's own resolution (`prepare_server_args`, plugins loaded as the launcher does) on this
+# CPU host with a Hopper GPU simulated: `--device cuda`, SGLang's FA3 probe forced true, and
+# its FlashInfer probe set per case. One interpreter for every argv (importing sglang is slow).
+_HOPPER_SCRIPT = r"""
+import contextlib, io, json, sys
+import sglang.srt.server_args as sglang_server_args
+from sglang.srt.plugins import load_plugins
+import sglang.launch_server as launcher
+
+load_plugins()
+sglang_server_args.is_hopper_with_cuda_12_3 = lambda: True
+results = []
+for flashinfer, argv in json.loads(sys.argv[1]):
+    sglang_server_args.is_flashinfer_available = lambda: flashinfer
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            args = launcher.prepare_server_args(argv)
+            res = {"code": "accepted", "backends": list(args.get_attention_backends())}
+        except SystemExit as exc:
+            res = {"code": exc.code}
+    results.append({**res, "stderr": err.getvalue()})
+print("\nRESULTS " + json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def hopper_launches(tiny_model) -> list[dict]:
+    base = ["--model-path", tiny_model, "--device", "cuda", "--max-total-tokens", "4096"]
+    runs = [
+        (True, base + ["--enable-llm42"]),  # no backend given, FlashInfer installed
+        (False, base + ["--enable-llm42"]),  # no backend given, no FlashInfer
+        (True, base),  # plain SGLang: its own default, untouched
+        (True, base + ["--enable-llm42", "--attention-backend", "fa3"]),  # explicitly unproven
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "SGLANG_USE_CPU_ENGINE"}
+    res = subprocess.run([sys.executable, "-c", _HOPPER_SCRIPT, json.dumps(runs)],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0 and "\nRESULTS " in res.stdout, res.stderr[-3000:]
+    return json.loads(res.stdout.rsplit("\nRESULTS ", 1)[1])
+
+
+def test_hopper_launch_without_a_backend_serves_flashinfer_and_logs_why(hopper_launches):
+    auto, no_flashinfer, plain, _ = hopper_launches
+    assert plain["backends"] == ["fa3", "fa3"], "the simulation must give SGLang's Hopper default"
+    assert auto["code"] == "accepted", auto["stderr"][-2000:]
+    assert auto["backends"] == ["flashinfer", "flashinfer"]
+    [line] = [ln for ln in auto["stderr"].splitlines() if ln.startswith("llm42: attention")]
+    assert "flashinfer instead of SGLang's default fa3" in line and "not measured yet" in line
+    assert "llm42:" not in plain["stderr"], "a server without --enable-llm42 is left alone"
+    assert no_flashinfer["backends"] == ["triton", "triton"], no_flashinfer["stderr"][-2000:]
+
+
+def test_hopper_launch_with_an_explicit_unproven_backend_is_still_refused(hopper_launches):
+    refused = hopper_launches[3]
+    assert refused["code"] == 2, refused
+    error = refused["stderr"][refused["stderr"].index("llm42: error:"):]
+    assert "attention backend fa3 has no determinism proof" in error, error
+    assert "llm42: attention backend" not in refused["stderr"], "nothing auto-selected"

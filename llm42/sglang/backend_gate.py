@@ -11,6 +11,9 @@ are gated the same way (`PROVEN_LORA_BACKENDS`) on a server with `--enable-lora`
 
     verdict = check("fa3", "fa3", allow_unproven=False)
     verdict.allowed, verdict.message  # False, "attention backend fa3 has no ..."
+
+Launched without `--attention-backend`, an llm42 server on an NVIDIA GPU serves on a proven
+backend instead of an unproven default of SGLang's (`auto_select`: FA3 on Hopper).
 """
 
 from __future__ import annotations
@@ -31,6 +34,12 @@ PROVEN_LORA_BACKENDS: dict[str, str] = {
     "torch_native": "CPU: the test suite",
 }
 OVERRIDE_FLAG = "--llm42-allow-unproven-backend"
+# What an NVIDIA GPU serves on when SGLang's default has no proof, first usable first. Which of
+# the two is faster has not been measured yet (`run_gpu_suite.sh backend-compare` measures it):
+# until then FlashInfer, SGLang's own default on the GPUs where it does not pick FA3 or TRT-LLM.
+GPU_AUTO_BACKENDS = ("flashinfer", "triton")
+GPU_AUTO_WHY = ("proven, and SGLang's own default on many GPUs; flashinfer against triton not "
+                "measured yet")
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,23 @@ def check(prefill: str, decode: str, *, allow_unproven: bool, auto_selected: boo
         message=f"{problem}. Serve with {' and '.join(fixes)}, or pass {OVERRIDE_FLAG} "
                 "to start anyway for experiments (deterministic requests may then depend on "
                 "their batch mates)")
+
+
+def auto_select(sglang_default: str, usable: tuple[str, ...]) -> tuple[str, str]:
+    """The attention backend of an llm42 server launched without one, and the log line saying
+    which and why. `usable`: those of GPU_AUTO_BACKENDS that can run this model here (empty off
+    NVIDIA GPUs: SGLang's default then stays, and the gate judges it)."""
+    if sglang_default in PROVEN_BACKENDS:
+        return sglang_default, (f"attention backend {sglang_default}: SGLang's default here, "
+                                "proven deterministic for llm42")
+    chosen = next((name for name in GPU_AUTO_BACKENDS if name in usable), None)
+    if chosen is None:
+        return sglang_default, f"attention backend {sglang_default}: SGLang's default here"
+    why = GPU_AUTO_WHY if chosen == GPU_AUTO_BACKENDS[0] else \
+        f"proven ({GPU_AUTO_BACKENDS[0]} is not installed here or cannot serve this model)"
+    return chosen, (f"attention backend {chosen} instead of SGLang's default {sglang_default} "
+                    f"(no determinism proof for llm42's passes): {chosen} is {why}. "
+                    "--attention-backend chooses another")
 
 
 def _listed(proven: dict[str, str]) -> str:

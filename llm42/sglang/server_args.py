@@ -2,11 +2,15 @@
 
 ServerArgs is read-only after `__post_init__`, so the flags are attached through
 `ServerArgs.override("llm42", ...)`; they reach the scheduler subprocess with the pickled args.
+So does the attention backend: resolved once, in the launcher, where `--enable-llm42` without
+`--attention-backend` swaps an unproven default of SGLang's for a proven one
+(`get_default_attn_backend_hook`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextvars
 import sys
 import typing
 
@@ -21,6 +25,9 @@ _TIMELINE_HELP = (
     "launched, verification passes, duration) to DIR/timeline-<pid>.jsonl; `python -m "
     "benchmarks.timeline DIR` summarizes them. Works without --enable-llm42 too (the timeline "
     "of a baseline server, to compare with llm42's).")
+# True while `from_cli_args` resolves the args of an llm42 server given no attention backend:
+# SGLang picks its default inside ServerArgs.__post_init__, before llm42's flags are attached.
+_AUTO_SELECT = contextvars.ContextVar("llm42_auto_select_backend", default=False)
 
 
 def dest(flag: str) -> str:
@@ -71,7 +78,11 @@ def from_cli_args_hook(original, cls, args: argparse.Namespace):
             )
         # Seeded sampling (same noise in decode and verify) exists only in the torch sampler.
         args.sampling_backend = "pytorch"
-    server_args = original(cls, args)
+    token = _AUTO_SELECT.set(values["enable_llm42"] and _no_backend_given(args))
+    try:
+        server_args = original(cls, args)
+    finally:
+        _AUTO_SELECT.reset(token)
     if values["enable_llm42"]:
         try:
             config_from_values(values, seed=server_args.random_seed).validate(
@@ -93,6 +104,32 @@ def from_cli_args_hook(original, cls, args: argparse.Namespace):
             print(f"llm42: warning: {verdict.message}", file=sys.stderr)
     server_args.override("llm42", **values)
     return server_args
+
+
+def get_default_attn_backend_hook(original, self, use_mla_backend, model_config):
+    """AROUND ServerArgs._get_default_attn_backend, SGLang's choice when no backend is given:
+    on an llm42 server, an unproven choice (FA3 on Hopper) becomes a proven one, logged."""
+    backend = original(self, use_mla_backend, model_config)
+    if not _AUTO_SELECT.get():
+        return backend
+    chosen, line = backend_gate.auto_select(
+        backend, _usable_gpu_backends(self.device, use_mla_backend, model_config))
+    print(f"llm42: {line}", file=sys.stderr)
+    return chosen
+
+
+def _usable_gpu_backends(device: str | None, use_mla_backend: bool, model_config) -> tuple:
+    """Which of flashinfer and triton can serve this model here: SGLang's own conditions for
+    its non-Hopper default (FlashInfer has no attention sinks; MLA falls back to triton)."""
+    from sglang.srt import server_args as sglang_server_args
+
+    if not str(device).startswith("cuda") or sglang_server_args.is_hip():
+        return ()  # no proof on other hardware: SGLang's default stays, the gate judges it
+    if use_mla_backend:
+        return ("triton",)
+    if sglang_server_args.is_flashinfer_available() and not model_config.has_attention_sinks:
+        return ("flashinfer", "triton")
+    return ("triton",)
 
 
 def config_from_values(values: dict, seed: int | None) -> Llm42Config:
