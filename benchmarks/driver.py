@@ -106,11 +106,14 @@ def server_configs(args) -> list[ServerConfig]:
         else:
             for window, extra in itertools.product(
                     [int(w) for w in args.window_sizes.split(",")], args.llm42_args or [""]):
+                batch = pass_batch_size(args, window)
                 flags = ["--enable-llm42", "--llm42-window-size", str(window),
-                         "--llm42-verify-batch-size", str(args.verify_batch_size)]
-                meta = {"window_size": window, "verify_batch_size": args.verify_batch_size,
+                         "--llm42-verify-batch-size", str(batch)]
+                meta = {"window_size": window, "verify_batch_size": batch,
                         "skip_compare": False, "inject_mismatch_rate": 0.0}
                 ratios, label = _floats(args.det_ratios), f"llm42-w{window}"
+                if getattr(args, "pass_tokens", None):
+                    label += f"-b{batch}"
                 if extra:
                     flags += shlex.split(extra)
                     meta["llm42_args"] = extra
@@ -140,6 +143,17 @@ def server_configs(args) -> list[ServerConfig]:
                     label += f"-inject{args.inject_mismatch_rate:g}"
                 out.append(ServerConfig(label, "llm42", flags, ratios, meta, kind=name))
     return attach_variants(out) if args.switch_variants else out
+
+
+def pass_batch_size(args, window: int) -> int:
+    """B of an llm42 server with window W: `--pass-tokens` // W (every window of a sweep then
+    runs the same B x W pass), else `--verify-batch-size`."""
+    if not getattr(args, "pass_tokens", None):
+        return args.verify_batch_size
+    if args.pass_tokens % window:
+        raise SystemExit(f"error: --pass-tokens {args.pass_tokens} is not a multiple of "
+                         f"window {window}")
+    return args.pass_tokens // window
 
 
 _PLAIN_MODE = {"skip_compare": False, "inject_mismatch_rate": 0.0}
@@ -173,12 +187,15 @@ def attach_variants(configs: list[ServerConfig]) -> list[ServerConfig]:
             out.append(cfg)
     for key, host in hosts.items():
         windows = {c.meta["window_size"] for c in [host, *guests[key]]}
+        batches = {c.meta["verify_batch_size"] for c in [host, *guests[key]]}
         if guests[key] and "--llm42-benchmark-modes" not in host.flags:
             host.flags.append("--llm42-benchmark-modes")
         for cfg in guests[key]:
             mode = {k: cfg.meta[k] for k in _PLAIN_MODE}
             if len(windows) > 1:
                 mode["window_size"] = cfg.meta["window_size"]
+            if len(batches) > 1:
+                mode["verify_batch_size"] = cfg.meta["verify_batch_size"]
             host.switched.append(ServerConfig(cfg.label, cfg.config, host.flags, cfg.ratios,
                                               {**cfg.meta, "benchmark_mode": mode},
                                               kind=cfg.kind))
@@ -188,8 +205,9 @@ def attach_variants(configs: list[ServerConfig]) -> list[ServerConfig]:
 def plain_mode(cfg: ServerConfig) -> dict:
     """The mode a server with switched variants returns to at the end: its own."""
     mode = dict(_PLAIN_MODE)
-    if any("window_size" in v.meta["benchmark_mode"] for v in cfg.switched):
-        mode["window_size"] = cfg.meta["window_size"]
+    for key in ("window_size", "verify_batch_size"):
+        if any(key in v.meta["benchmark_mode"] for v in cfg.switched):
+            mode[key] = cfg.meta[key]
     return mode
 
 
@@ -464,6 +482,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--window-sizes", default="16",
                    help="comma list: one llm42 server each (one for all with --switch-variants)")
     p.add_argument("--verify-batch-size", type=int, default=32)
+    p.add_argument("--pass-tokens", type=int, default=None,
+                   help="B = this // W for each window of --window-sizes (a sweep at a constant "
+                        "pass size, e.g. 512: W 16 B 32, W 32 B 16, W 64 B 8); overrides "
+                        "--verify-batch-size")
     p.add_argument("--inject-mismatch-rate", type=float, default=0.05)
     p.add_argument("--server-args", default="", help="given identically to every config")
     p.add_argument("--llm42-args", action="append", default=None,

@@ -84,3 +84,27 @@ def test_switch_variants_put_a_window_sweep_on_one_server():
     apart = driver.server_configs(argparse.Namespace(**{**vars(args), "switch_variants": False,
                                                         "llm42_args": None}))
     assert len(apart) == 1 + 4 + 4 and not any(c.switched for c in apart)
+
+
+def test_pass_tokens_sweep_keeps_the_pass_size_on_one_server():
+    """--pass-tokens 512: W 16 B 32, W 32 B 16, W 64 B 8 on one server (started with the largest
+    window), B switched with W in each mode; a window that does not divide it is an error."""
+    from benchmarks import driver
+
+    args = argparse.Namespace(
+        configs="nondet,llm42", window_sizes="16,32,64", verify_batch_size=4, pass_tokens=512,
+        det_ratios="0.1,1.0", variant_ratios=None, inject_mismatch_rate=0.5, llm42_args=None,
+        switch_variants=True)
+    host = driver.server_configs(args)[1]
+    assert host.label == "llm42-w64-b8"
+    assert host.flags[:5] == ["--enable-llm42", "--llm42-window-size", "64",
+                              "--llm42-verify-batch-size", "8"]
+    assert [(v.label, v.meta["verify_batch_size"], v.meta["benchmark_mode"]) for v in
+            host.switched] == [
+        ("llm42-w16-b32", 32, {"skip_compare": False, "inject_mismatch_rate": 0.0,
+                               "window_size": 16, "verify_batch_size": 32}),
+        ("llm42-w32-b16", 16, {"skip_compare": False, "inject_mismatch_rate": 0.0,
+                               "window_size": 32, "verify_batch_size": 16})]
+    assert driver.plain_mode(host)["verify_batch_size"] == 8
+    with pytest.raises(SystemExit, match="not a multiple of window 48"):
+        driver.server_configs(argparse.Namespace(**{**vars(args), "window_sizes": "16,48"}))

@@ -202,6 +202,8 @@ def test_which_deterministic_prefills_run_alone(kwargs, threshold) -> None:
     ({"skip_compare": False, "inject_mismatch_rate": 0.25},
      {"skip_compare": False, "inject_mismatch_rate": 0.25}),
     ({"window_size": 1}, {"window_size": 1}),  # the smallest window
+    ({"window_size": 32, "verify_batch_size": 16},  # a (W, B) sweep at a constant pass size
+     {"window_size": 32, "verify_batch_size": 16}),
     ({"window_size": 128, "inject_mismatch_rate": 0}, {"window_size": 128,
                                                        "inject_mismatch_rate": 0.0}),
 ])
@@ -221,7 +223,9 @@ def test_benchmark_mode_parses(body, mode) -> None:
     ({"window_size": 16.0}, "window_size must be an integer >= 1, got 16.0"),  # a float
     ({"window_size": True}, "window_size must be an integer >= 1, got True"),  # bool is an int
     ({"window_size": "16"}, "window_size must be an integer >= 1"),
-    ({"verify_batch_size": 4}, "unknown field 'verify_batch_size'"),  # sizes the passes
+    ({"verify_batch_size": 0}, "verify_batch_size must be an integer >= 1, got 0"),
+    ({"verify_batch_size": 4.0}, "verify_batch_size must be an integer >= 1, got 4.0"),
+    ({"max_verify_wait": 4}, "unknown field 'max_verify_wait'"),  # not switchable
     (None, "JSON object"),
 ])
 def test_benchmark_mode_errors_name_the_field(body, message) -> None:
@@ -262,8 +266,11 @@ def test_window_switch_is_validated_like_the_flags() -> None:
         with_benchmark_mode(config, {"window_size": 2048}, context_length=1024)
     with pytest.raises(ModeSwitchBusy, match=re.escape(
             "window_size cannot switch from 64 to 16 while 2 deterministic request(s) are in "
-            "flight: a window switch needs an idle server")):
+            "flight: a window or pass-size switch needs an idle server")):
         with_benchmark_mode(config, {"window_size": 16}, num_det_in_flight=2)
+    with pytest.raises(ModeSwitchBusy, match="verify_batch_size cannot switch from 32 to 8"):
+        with_benchmark_mode(config, {"verify_batch_size": 8}, num_det_in_flight=1)
+    assert with_benchmark_mode(config, {"verify_batch_size": 8}).verify_batch_size == 8
     # the window it already has, or other fields, switch with requests in flight
     assert with_benchmark_mode(config, {"window_size": 64, "skip_compare": True},
                                num_det_in_flight=2).skip_compare

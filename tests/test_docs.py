@@ -119,3 +119,67 @@ def test_links_resolve(page):
     missing = [link for link in links
                if not link.startswith("http") and not (page.parent / link).exists()]
     assert not missing, f"{page.name} links to missing files: {missing}"
+
+
+# Settings whose defaults decide a headline number (echoed by /llm42_stats, recorded in results).
+_HEADLINE_SETTINGS = ("window_size", "verify_batch_size", "max_verify_wait", "fp32_logits",
+                      "batched_prefill", "defaults_version")
+_OLDER_DEFAULTS = "previous defaults"  # how a caption or row says it predates the defaults
+
+
+def _headline() -> tuple[str, list[str]]:
+    """The caption (text before the table) and the table rows of the README's headline."""
+    text = README.read_text()
+    start = text.index("## When to use it")
+    section = text[start:text.index("\n## ", start + 5)]
+    lines = section.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    rows = [line for line in lines[first + 2:] if line.startswith("|")]
+    return "\n".join(lines[:first]), rows
+
+
+def _llm42_records(target: Path) -> list[dict]:
+    folder = target.parent
+    return [rec for path in sorted(folder.rglob("results.jsonl"))
+            for rec in map(json.loads, path.read_text().splitlines())
+            if rec.get("config") == "llm42" and not rec.get("skipped")]
+
+
+def _ran_at_defaults(record: dict, defaults: dict) -> bool:
+    stats = record.get("llm42_stats") or {}
+    return all(stats.get(key) == defaults[key] for key in _HEADLINE_SETTINGS)
+
+
+def test_headline_rows_come_from_the_defaults_or_say_so():
+    """Each row of the README's headline table links a results file with an llm42 run at the
+    defaults in force (the settings /llm42_stats recorded, `defaults_version` included), unless
+    the caption or the row says it comes from the previous defaults."""
+    from llm42.core.config import Llm42Config
+
+    defaults = Llm42Config().echo()
+    refs = dict(re.findall(r"^\[([^\]]+)\]: (\S+)", README.read_text(), re.M))
+    caption, rows = _headline()
+    assert rows, "the README has no headline table"
+    for row in rows:
+        if _OLDER_DEFAULTS in caption or _OLDER_DEFAULTS in row:
+            continue
+        targets = {README.parent / refs[ref] for ref in re.findall(r"\]\[([^\]]+)\]", row)}
+        assert targets, f"headline row without a results link: {row}"
+        for target in targets:
+            assert any(_ran_at_defaults(rec, defaults) for rec in _llm42_records(target)), (
+                f"headline row {row!r} links {target}, which has no llm42 run at today's "
+                f"defaults {({k: defaults[k] for k in _HEADLINE_SETTINGS})}: rerun it, or say "
+                f"'{_OLDER_DEFAULTS}' in the row or the table's caption")
+
+
+def test_headline_check_tells_defaults_apart():
+    """The check above fails a record of other settings or of an older defaults version."""
+    from llm42.core.config import Llm42Config
+
+    defaults = Llm42Config().echo()
+    record = {"llm42_stats": {key: defaults[key] for key in _HEADLINE_SETTINGS}}
+    assert _ran_at_defaults(record, defaults)
+    for key, other in (("window_size", 64), ("fp32_logits", False), ("defaults_version", 2)):
+        assert not _ran_at_defaults({"llm42_stats": {**record["llm42_stats"], key: other}},
+                                    defaults), key
+    assert not _ran_at_defaults({}, defaults)

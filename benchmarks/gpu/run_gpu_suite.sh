@@ -46,6 +46,9 @@
 #   DET_RATIOS=0.02,0.1,0.5,1.0 VARIANT_RATIOS=0.1,1.0 WORKLOADS=sharegpt,arxiv,random1k WINDOW=16 VERIFY_BS=32 INJECT_RATE=0.5 (SmolLM2's
 #   real weights rolled back 54 % of W = 64 windows on the H200: h200-2026-12-03-smollm2-batched-prefill/)
 #   SHAREGPT_PROMPTS=2048 ARXIV_PROMPTS=256 RANDOM1K_PROMPTS=1024 RANDOM4K_PROMPTS=256
+#   PASS_TOKENS (unset: B = VERIFY_BS) N: B = N / W for each window of a comma-separated WINDOW,
+#   e.g. WINDOW=16,32,64 PASS_TOKENS=512 (W 16 B 32, W 32 B 16, W 64 B 8 on one server start
+#   with SWITCH_VARIANTS=1: B is switched at runtime too)
 #   SWEEP_WINDOWS=16,32,64,128 SWEEP_PROMPTS=1024 SWEEP_CONFIGS=nondet,llm42 (llm42: recompute %
 #   per window needs no baseline; nondet adds the throughput reference) SWEEP_SAMPLING="" (';'
 #   separates sampling settings, each a workload of the sweep on every server start, e.g.
@@ -95,6 +98,7 @@ VARIANT_RATIOS=${VARIANT_RATIOS:-0.1,1.0}
 WORKLOADS=${WORKLOADS:-sharegpt,arxiv,random1k}
 WINDOW=${WINDOW:-16}
 VERIFY_BS=${VERIFY_BS:-32}
+PASS_TOKENS=${PASS_TOKENS:-}
 INJECT_RATE=${INJECT_RATE:-0.5}
 MAX_RUNNING=${MAX_RUNNING:-256}
 SHAREGPT_PROMPTS=${SHAREGPT_PROMPTS:-2048}
@@ -273,8 +277,8 @@ driver() {  # $1 = step name, $2 = model, $3 = configs, $4 = ratios, then driver
   log "step $step: configs $configs ratios $ratios model $model"
   env_python -m benchmarks.driver --model-path "$model" --out-dir "$RUN_DIR/$step" \
     --configs "$configs" --det-ratios "$ratios" --variant-ratios "$VARIANT_RATIOS" \
-    --verify-batch-size "$VERIFY_BS" --inject-mismatch-rate "$INJECT_RATE" \
-    --server-args "$COMMON_ARGS $fmt --random-seed 7" --port "${PORT:-30000}" \
+    --verify-batch-size "$VERIFY_BS" ${PASS_TOKENS:+--pass-tokens "$PASS_TOKENS"} \
+    --inject-mismatch-rate "$INJECT_RATE" --server-args "$COMMON_ARGS $fmt --random-seed 7" --port "${PORT:-30000}" \
     --startup-timeout "$STARTUP_TIMEOUT" --budget-s "$budget" --min-config-s "$MIN_CONFIG_S" \
     "${llm42_args[@]}" "$@"
   local code=$?

@@ -17,6 +17,11 @@ from dataclasses import Field, dataclass, field, fields, replace
 # 64 rows of W = 16, two full B = 32 passes (512 tokens each), cost about as much as a solo prefill
 # of 1,024 tokens.
 DEFAULT_SOLO_PREFILL_MIN_TOKENS = 1024
+# Raised whenever a default changes what deterministic requests return or what llm42 costs
+# (1: W 64, B 8, bf16 logits; 2: W 16, B 32, fp32 logits for every row; 3: fp32 logits for
+# deterministic and pass rows only). `/llm42_stats` reports it, so benchmark results record it
+# and the README's headline rows can be checked against the defaults in force.
+DEFAULTS_VERSION = 3
 
 
 def _setting(default, flag: str | None, help: str, *, echo_as: str | None = None,
@@ -89,15 +94,16 @@ class Llm42Config:
     fp32_logits: bool = _setting(
         True, "--llm42-fp32-logits",
         "Compute the LM head's logits in fp32 (bf16 inputs, fp32 accumulation and output, one "
-        "read of the bf16 weights) for every request of the server, instead of rounding them "
-        "to bf16. bf16 logits quantize near-ties, so tiny differences between the decode batch "
-        "and the verification pass flip the argmax: fewer rollbacks on real weights. Changes "
-        "outputs (normal requests' too, as SGLang's --enable-fp32-lm-head would, without its "
-        "per-step fp32 copy of the weights).")
+        "read of the bf16 weights) for every row of a verification pass and for deterministic "
+        "rows of ordinary batches, instead of rounding them to bf16. bf16 logits quantize "
+        "near-ties, so tiny differences between the decode batch and the verification pass "
+        "flip the argmax: fewer rollbacks on real weights. Changes deterministic outputs; "
+        "normal requests keep SGLang's bf16 LM head.")
     benchmark_modes: bool = _setting(
         False, "--llm42-benchmark-modes",
         "Benchmarking only: accept POST /llm42_benchmark_mode {\"skip_compare\": bool, "
-        "\"inject_mismatch_rate\": float, \"window_size\": int} to switch those settings on the "
+        "\"inject_mismatch_rate\": float, \"window_size\": int, \"verify_batch_size\": int} to "
+        "switch those settings on the "
         "running server between benchmark runs (one server start for llm42, comparison-skipped "
         "and injected runs, and a window sweep). A window switch needs an idle server: with "
         "deterministic requests in flight it is refused (409). Off (default): the endpoint "
@@ -109,9 +115,11 @@ class Llm42Config:
         "/llm42_stats reports the backend as unproven_backend. Without it such a launch stops.")
 
     def echo(self) -> dict:
-        """Every echoed setting by field name, resolved (`echo_as`): what `/llm42_stats` reports."""
-        return {f.name: getattr(self, f.metadata["echo_as"] or f.name)
-                for f in fields(self) if f.metadata["echoed"]}
+        """Every echoed setting by field name, resolved (`echo_as`), and the version of the
+        defaults: what `/llm42_stats` reports."""
+        return {**{f.name: getattr(self, f.metadata["echo_as"] or f.name)
+                   for f in fields(self) if f.metadata["echoed"]},
+                "defaults_version": DEFAULTS_VERSION}
 
     @property
     def solo_prefill_threshold(self) -> int | None:
@@ -196,7 +204,8 @@ def setting_fields() -> list[Field]:
 
 
 # What POST /llm42_benchmark_mode may switch on a running server (--llm42-benchmark-modes).
-BENCHMARK_MODE_FIELDS = ("skip_compare", "inject_mismatch_rate", "window_size")
+BENCHMARK_MODE_FIELDS = ("skip_compare", "inject_mismatch_rate", "window_size",
+                         "verify_batch_size")
 
 
 class ModeSwitchBusy(RuntimeError):
@@ -225,11 +234,12 @@ def parse_benchmark_mode(body) -> dict:
                 math.isfinite(rate) and 0.0 <= rate <= 1.0):
             raise ValueError(f"inject_mismatch_rate must be a number in [0, 1], got {rate!r}")
         mode["inject_mismatch_rate"] = float(rate)
-    if "window_size" in body:
-        window = body["window_size"]
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ValueError(f"window_size must be an integer >= 1, got {window!r}")
-        mode["window_size"] = window
+    for name in ("window_size", "verify_batch_size"):
+        if name in body:
+            value = body[name]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            mode[name] = value
     return mode
 
 
@@ -238,20 +248,22 @@ def with_benchmark_mode(config: Llm42Config, mode: dict, context_length: int | N
     """The config a running server switches to, validated like the flags; only a server
     started with --llm42-benchmark-modes may (skip_compare turns determinism off).
 
-    A new window size needs no deterministic request in flight (``ModeSwitchBusy``): nothing
-    else is sized by W (dummy rows reuse SGLang's padding slot, prefix-cache rows live in a
-    namespace per W), and the default max verify wait (W // 4) follows it."""
+    A new window size or pass size B needs no deterministic request in flight
+    (``ModeSwitchBusy``): they change deterministic outputs, and nothing else is sized by them
+    (dummy rows reuse SGLang's padding slot, prefix-cache rows live in a namespace per W and B);
+    the default max verify wait (W // 4) follows W. A (W, B) sweep then needs one server start."""
     if not config.benchmark_modes:
         raise PermissionError("benchmark modes are off: start the server with "
                               "--llm42-benchmark-modes to switch them at runtime")
     mode = parse_benchmark_mode(mode)
     window = mode.get("window_size", config.window_size)
-    if window != config.window_size and num_det_in_flight:
-        raise ModeSwitchBusy(
-            f"window_size cannot switch from {config.window_size} to {window} while "
-            f"{num_det_in_flight} deterministic request(s) are in flight: a window switch "
-            "needs an idle server (no deterministic requests in flight); retry once they "
-            "finished")
+    for name in ("window_size", "verify_batch_size"):
+        old, new = getattr(config, name), mode.get(name, getattr(config, name))
+        if new != old and num_det_in_flight:
+            raise ModeSwitchBusy(
+                f"{name} cannot switch from {old} to {new} while {num_det_in_flight} "
+                "deterministic request(s) are in flight: a window or pass-size switch needs an "
+                "idle server (no deterministic requests in flight); retry once they finished")
     switched = replace(config, **mode)
     try:
         switched.validate(context_length)

@@ -77,7 +77,8 @@ def tokenizer_manager_init_hook(result, tokenizer_manager, *args, **kwargs):
                                                                   False)):
             return _error(403, "benchmark modes are off: start the server with --enable-llm42 "
                                "--llm42-benchmark-modes to switch skip_compare, "
-                               "inject_mismatch_rate and window_size at runtime")
+                               "inject_mismatch_rate, window_size and verify_batch_size at "
+                               "runtime")
         try:
             mode = parse_benchmark_mode(await request.json())
             # flag-dependent checks of a new window (max verify wait, context length) here too,

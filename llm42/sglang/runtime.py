@@ -54,7 +54,8 @@ class Llm42Runtime:
             self.metrics = Llm42Metrics()
 
     def switch_benchmark_mode(self, mode: dict, num_det_in_flight: int = 0) -> bool:
-        """POST /llm42_benchmark_mode: skip_compare / inject_mismatch_rate / window_size from
+        """POST /llm42_benchmark_mode: skip_compare / inject_mismatch_rate / window_size /
+        verify_batch_size from
         the next decision on; the injector starts its seeded sequence again, so each run
         injects the same way. A refusal is logged and kept, with its reason, in
         `mode_refusal` (read back by the endpoint through the stats snapshot)."""
@@ -66,14 +67,16 @@ class Llm42Runtime:
             logger.warning("llm42 benchmark mode %r refused: %s", mode, exc)
             self.mode_refusal = {"busy": isinstance(exc, ModeSwitchBusy), "message": str(exc)}
             return False
-        if config.window_size != self.config.window_size:
-            # Whether a pass replays a CUDA graph depends on its B x W tokens: a path per W.
+        if (config.window_size, config.verify_batch_size) != (self.config.window_size,
+                                                               self.config.verify_batch_size):
+            # Whether a pass replays a CUDA graph depends on its B x W tokens: a path per shape.
             self.pass_paths.clear()
         self.config, self.mode_refusal = config, None
         self.injector = MismatchInjector(config.inject_mismatch_rate, config.seed)
         logger.info("llm42 benchmark mode: skip compare %s, inject mismatch rate %.3f, window "
-                    "%d (max verify wait %d)", config.skip_compare, config.inject_mismatch_rate,
-                    config.window_size, config.verify_wait_steps)
+                    "%d, verify batch %d (max verify wait %d)", config.skip_compare,
+                    config.inject_mismatch_rate, config.window_size, config.verify_batch_size,
+                    config.verify_wait_steps)
         return True
 
     def snapshot(self) -> dict:
