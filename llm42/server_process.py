@@ -7,7 +7,11 @@ The server runs ``python -m sglang.launch_server`` with this interpreter, in a n
 scheduler and detokenizer subprocesses share one process group), with output in a log file.
 Readiness is ``GET /health`` answering 200, which SGLang returns only after its warmup request.
 Without CUDA it runs SGLang's CPU engine with the flags and environment that work on CPU (see
-``cpu_server_env`` and ``CPU_DEFAULT_ARGS``). ``stop()`` sends SIGTERM to the group, waits, then
+``cpu_server_env`` and ``CPU_DEFAULT_ARGS``); with ``--tp-size`` N > 1 it also gives each TP rank
+its own cores (``cpu_threads_bind``), without which SGLang's CPU engine refuses TP > 1 on a host
+with fewer NUMA nodes than ranks. ``--dp-size`` needs nothing more:
+
+    SGLangServer(model_path, ["--enable-llm42", "--tp-size", "2"])  # CPU: binds "0|1" on 2 cores ``stop()`` sends SIGTERM to the group, waits, then
 SIGKILLs whatever is left and checks that every process it saw is gone.
 """
 
@@ -39,11 +43,46 @@ CPU_DEFAULT_ARGS: tuple[tuple[str, str | None], ...] = (
 _POLL_INTERVAL_S = 0.5
 _STOP_GRACE_S = 20.0
 _LOG_TAIL_CHARS = 4000
+_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
 
 
 def cpu_server_env() -> dict[str, str]:
     """Environment for SGLang's CPU engine: ``is_cpu()`` true, one OpenMP thread per process."""
     return {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+def cpu_threads_bind(tp_size: int, cpu_ids: Sequence[int] | None = None) -> str:
+    """SGLang's ``SGLANG_CPU_OMP_THREADS_BIND`` for `tp_size` ranks: the usable cores split into
+    `tp_size` contiguous groups, "0|1" for 2 ranks on 2 cores ("0-3|4-7" on 8). With fewer cores
+    than ranks, ranks share cores round-robin (slow, but SGLang starts)."""
+    cpus = sorted(cpu_ids if cpu_ids is not None else os.sched_getaffinity(0))
+    if tp_size <= len(cpus):
+        share = len(cpus) // tp_size
+        groups = [cpus[r * share:(r + 1) * share] for r in range(tp_size)]
+    else:
+        groups = [[cpus[r % len(cpus)]] for r in range(tp_size)]
+    return "|".join(_cpu_list(g) for g in groups)
+
+
+def _cpu_list(cpus: list[int]) -> str:
+    """Cores as libnuma's cpu string: runs as ranges, "0-3,6" for [0, 1, 2, 3, 6]."""
+    runs: list[list[int]] = []
+    for cpu in cpus:
+        if runs and cpu == runs[-1][-1] + 1:
+            runs[-1].append(cpu)
+        else:
+            runs.append([cpu])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+def tp_size_of(args: Sequence[str]) -> int:
+    """The TP size `args` give SGLang (``--tp-size``, ``--tensor-parallel-size`` or ``--tp``)."""
+    names = ("--tp-size", "--tensor-parallel-size", "--tp")
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name in names:
+            return int(value if eq else args[i + 1])
+    return 1
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -98,6 +137,9 @@ class SGLangServer:
         self.env = dict(os.environ)
         if self.device == "cpu":
             self.env.update(cpu_server_env())
+            tp_size = tp_size_of(extra_args)
+            if tp_size > 1 and not os.environ.get(_BIND_ENV):
+                self.env[_BIND_ENV] = cpu_threads_bind(tp_size)
         self.env.update(env or {})
         self._process: subprocess.Popen[bytes] | None = None
         self._seen_pids: set[int] = set()

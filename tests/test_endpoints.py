@@ -1,5 +1,6 @@
-"""`/llm42_stats` over data-parallel ranks: counters summed, settings kept, ratios recomputed;
-the pass-path warning behind its `graphed_passes`."""
+"""`/llm42_stats` over data-parallel ranks: counters summed, settings kept, ratios recomputed,
+the TP ranks' decision ledgers listed and compared per replica; the pass-path warning behind its
+`graphed_passes`."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def _settings() -> dict:
     config = Llm42Config(window_size=16, verify_batch_size=4, max_passes_per_step=1,
                          defer_verify_on_prefill=True)
     snap = Llm42Runtime(scheduler, config).snapshot()
-    return {k: v for k, v in snap.items() if k not in Llm42Stats().snapshot()}
+    listed = {"rank_ledgers"}  # per scheduler, concatenated: test_ledgers_listed_per_rank...
+    return {k: v for k, v in snap.items() if k not in Llm42Stats().snapshot() and k not in listed}
 
 
 SETTINGS = _settings()
@@ -144,3 +146,27 @@ def test_scheduler_switches_the_window_only_with_no_deterministic_request_in_fli
     assert (snap["window_size"], snap["max_verify_wait"], snap["inject_mismatch_rate"]) == (
         16, 4, 0.5)
     assert snap["benchmark_mode_refusal"] is None and rt.pass_paths == set()
+
+
+def test_ledgers_listed_per_rank_and_tp_agreement_checked_per_replica():
+    """Two DP replicas of TP = 2: their ledgers differ (they served other requests), which is
+    fine; within a replica one rank with another decision makes `tp_ranks_agree` false."""
+    from llm42.core import DecisionLedger
+
+    def ledger(decisions):
+        led = DecisionLedger()
+        for rid, first in decisions:
+            led.observe(rid, first, [7, 8], 1, first + 1)
+        return led.snapshot()
+
+    def replica(dp_rank, per_tp_rank):
+        return {**_rank(ACCEPT, 1, 0), "rank_ledgers": [
+            {"dp_rank": dp_rank, "tp_rank": tp, **ledger(d)} for tp, d in enumerate(per_tp_rank)]}
+
+    served = [("a", 1), ("a", 3)]
+    agreeing = merge_snapshots([replica(0, [served] * 2), replica(1, [served[:1]] * 2)])
+    assert agreeing["tp_ranks_agree"]
+    assert [(e["dp_rank"], e["tp_rank"], e["decisions"]) for e in agreeing["rank_ledgers"]] == [
+        (0, 0, 2), (0, 1, 2), (1, 0, 1), (1, 1, 1)]
+    split = merge_snapshots([replica(0, [served] * 2), replica(1, [served[:1], served])])
+    assert not split["tp_ranks_agree"]

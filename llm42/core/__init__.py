@@ -1,5 +1,5 @@
 """Engine-agnostic llm42 core: window state, decisions, planning, verify rounds, injection,
-statistics.
+statistics, the per-rank decision ledger.
 
 Pure Python (no sglang, torch or numpy), so its tests run in milliseconds.
 
@@ -20,6 +20,7 @@ from llm42.core.planner import (
     plan_passes,
     select_jobs,
 )
+from llm42.core.rank_ledger import DecisionLedger, ranks_agree
 from llm42.core.stats import Llm42Stats
 from llm42.core.verify_round import (
     PassPlan,
@@ -36,6 +37,7 @@ from llm42.core.window import DetRequestState
 
 __all__ = [
     "PAD_TOKEN_ID",
+    "DecisionLedger",
     "DetRequestState",
     "InvariantError",
     "Llm42Config",
@@ -57,6 +59,7 @@ __all__ = [
     "plan_passes",
     "plan_round",
     "range_is_fixed",
+    "ranks_agree",
     "select_jobs",
     "settle",
     "withhold_finish",

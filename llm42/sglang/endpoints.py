@@ -14,6 +14,7 @@ from llm42.core.config import (
     parse_benchmark_mode,
     with_benchmark_mode,
 )
+from llm42.core.rank_ledger import ranks_agree
 from llm42.core.stats import Llm42Stats, recompute_pct
 from llm42.sglang.keys import META_KEYS, MODE_KEY, RESET_KEY
 from llm42.sglang.server_args import config_from_server_args
@@ -37,7 +38,8 @@ def _merge_kinds(per_rank: list[dict]) -> dict:
 
 
 def merge_snapshots(snapshots: list[dict]) -> dict:
-    """One view over DP ranks; recompute_pct is recomputed from the summed counts."""
+    """One view over DP ranks; recompute_pct is recomputed from the summed counts. The TP ranks'
+    decision ledgers are listed, not summed (`rank_ledgers`, checked in `tp_ranks_agree`)."""
     live = [s for s in snapshots if s.get("enabled")]
     if not live:
         timelines = [s["timeline"] for s in snapshots if s.get("timeline")]
@@ -48,6 +50,10 @@ def merge_snapshots(snapshots: list[dict]) -> dict:
     merged["recompute_pct"] = recompute_pct(merged["verified_tokens"], merged["tokens_rolled_back"])
     merged["by_sampling_kind"] = _merge_kinds([s.get("by_sampling_kind", {}) for s in live])
     merged["dp_ranks"] = len(live)
+    # one entry per scheduler (DP replica x TP rank); a replica's TP ranks must agree
+    per_replica = [s.get("rank_ledgers", []) for s in live]
+    merged["rank_ledgers"] = [entry for ledgers in per_replica for entry in ledgers]
+    merged["tp_ranks_agree"] = all(ranks_agree(ledgers) for ledgers in per_replica)
     return merged
 
 

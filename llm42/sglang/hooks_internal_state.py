@@ -3,15 +3,19 @@ side; the HTTP routes are in `endpoints`, in the tokenizer process)."""
 
 from __future__ import annotations
 
-from llm42.sglang import runtime
+from llm42.sglang import runtime, tp_share
 from llm42.sglang.keys import MODE_KEY, RESET_KEY
 from llm42.sglang.request_state import det_state
 
 
 def get_internal_state_hook(result, scheduler, *args, **kwargs):
     rt = runtime.RUNTIME
-    result.internal_state["llm42"] = rt.snapshot() if rt is not None else {
-        "enabled": False, "timeline": runtime.timeline_path()}
+    if rt is None:
+        result.internal_state["llm42"] = {"enabled": False, "timeline": runtime.timeline_path()}
+        return result
+    snap = rt.snapshot()
+    snap["rank_ledgers"] = tp_share.gather_ledgers(scheduler, rt.ledger_entry())
+    result.internal_state["llm42"] = snap
     return result
 
 
@@ -29,6 +33,7 @@ def set_internal_state_hook(original, scheduler, recv_req):
             args[MODE_KEY], num_det_in_flight(scheduler)))
     if rt is not None:
         rt.stats.reset()
+        rt.ledger.reset()
     if timeline is not None:
         timeline.event("reset")
     return SetInternalStateReqOutput(updated=rt is not None or timeline is not None)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from llm42.core.config import Llm42Config, ModeSwitchBusy, with_benchmark_mode
 from llm42.core.injection import MismatchInjector
+from llm42.core.rank_ledger import DecisionLedger
 from llm42.core.stats import Llm42Stats
 from llm42.core.timeline import StepTimeline
 
@@ -38,6 +39,11 @@ class Llm42Runtime:
         # --llm42-allow-unproven-backend (see backend_gate); None: every backend is proven.
         self.unproven_backend = unproven_backend
         self.stats = Llm42Stats()
+        # This rank's decisions, compared with its TP peers' in /llm42_stats (`tp_share`).
+        self.ledger = DecisionLedger()
+        ps = getattr(scheduler, "ps", None)
+        self.tp_rank = getattr(ps, "tp_rank", 0)
+        self.dp_rank = getattr(ps, "dp_rank", None) or 0
         self.injector = MismatchInjector(config.inject_mismatch_rate, config.seed)
         self.vocab_size = scheduler.model_config.vocab_size
         self.prefer_det_prefill = True  # alternates deterministic and normal prefill batches
@@ -88,8 +94,12 @@ class Llm42Runtime:
             benchmark_mode_refusal=self.mode_refusal,
             unproven_backend=self.unproven_backend,
             timeline=timeline_path(),
+            rank_ledgers=[self.ledger_entry()],  # every TP rank's: `tp_share.gather_ledgers`
         )
         return snap
+
+    def ledger_entry(self) -> dict:
+        return {"dp_rank": self.dp_rank, "tp_rank": self.tp_rank, **self.ledger.snapshot()}
 
 
 def install_timeline(folder: str | Path) -> StepTimeline:

@@ -10,7 +10,15 @@ import torch
 
 from llm42.core.stats import sampling_kind
 from llm42.core.verify_round import PassPlan, decide_job, job_rows, plan_round, settle
-from llm42.sglang import in_flight, kv_rollback, prefix_cache, runtime, verifier
+from llm42.sglang import (
+    in_flight,
+    kv_rollback,
+    prefix_cache,
+    rank_faults,
+    runtime,
+    tp_share,
+    verifier,
+)
 from llm42.sglang.request_state import det_state
 
 logger = logging.getLogger(__name__)
@@ -102,6 +110,7 @@ def apply_result(rt, sched, batch, req, res: verifier.RowResult) -> None:
     u, start = state.num_verified_tokens, state.window_start
     decision = decide_job(state, req.output_ids, res.token_ids, rt.injector, rt.vocab_size,
                           rt.config.skip_compare)
+    decision = rank_faults.split_decision(decision, rt.vocab_size)  # tests only
     if decision.is_rollback:
         kv_rollback.replace_tail(
             sched, req, decision.mismatch_index, decision.corrected_token_id, batch
@@ -109,6 +118,7 @@ def apply_result(rt, sched, batch, req, res: verifier.RowResult) -> None:
     if req.return_logprob:
         _write_verified_logprobs(req, res, u, decision.new_num_verified, start)
     settled = settle(state, decision)
+    tp_share.observe_decision(rt, req, u, decision)
     if settled.was_prompt and prefix_cache.uses_cache(req):
         prefix_cache.publish_prompt(sched, req)
     sp = req.sampling_params
