@@ -137,3 +137,25 @@ def test_gguf_split_joins_back_under_its_checksum(tmp_path):
     sums = {(p.parent / "SHA256").read_text() for p in pieces}
     assert sums == {f"{hashlib.sha256(joined).hexdigest()}  model.gguf\n"}
     assert ".gpu-gguf2/*" in gguf_receive_command(2)
+
+
+def test_gpu_suite_pass_tokens_sweep_and_lm_head_cost(tmp_path):
+    """WINDOW=16,32,64 PASS_TOKENS=512: one llm42 start for the three (W, B) of a 512-token pass
+    (B switched at runtime with W); the lm-head-cost step hands its module arguments it takes."""
+    from benchmarks import driver, lm_head_cost
+
+    suite = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "run_gpu_suite.sh"
+    env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
+           "RUN_DIR": str(tmp_path / "run"), "JIT_CACHE": str(tmp_path / "none.tar.gz"),
+           "BENCH_CONFIGS": "nondet,llm42", "DET_RATIOS": "0.1,1.0", "WINDOW": "16,32,64",
+           "PASS_TOKENS": "512"}
+    subprocess.run(["bash", str(suite), "bench-sharegpt", "lm-head-cost"], env=env, check=True,
+                   capture_output=True, timeout=120)
+    argvs = [json.loads(line) for line in (tmp_path / "out" / "dry_run.jsonl").read_text()
+             .splitlines()]
+    [bench] = [a[2:] for a in argvs if a[:2] == ["-m", "benchmarks.driver"]]
+    configs = driver.server_configs(driver.build_parser().parse_args(bench))
+    assert [[c.label, *[v.label for v in c.switched]] for c in configs] == [
+        ["nondet"], ["llm42-w64-b8", "llm42-w16-b32", "llm42-w32-b16"]]
+    [cost] = [a[2:] for a in argvs if a[:2] == ["-m", "benchmarks.lm_head_cost"]]
+    assert lm_head_cost.build_parser().parse_args(cost).preset == "llama-3.1-8b"

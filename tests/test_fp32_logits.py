@@ -162,3 +162,14 @@ def test_passes_and_token_rows_get_fp32_for_every_row(hooked, monkeypatch):
     monkeypatch.setattr(runtime, "IN_VERIFY_PASS", True)
     out = fp32_logits.model_forward_hook(forward, _RUNNER, _batch([False] * 6)).logits_output
     assert torch.equal(out.next_token_logits, fp32)
+
+
+def test_an_all_deterministic_batch_computes_fp32_once(hooked, monkeypatch):
+    """Every row deterministic: the hook gives every row fp32 in the forward (no bf16 head to
+    throw away, no recompute)."""
+    forward, hidden, lm_head = hooked
+    calls = []
+    monkeypatch.setattr(fp32_logits, "recompute_rows", lambda *a: calls.append(a))
+    out = fp32_logits.model_forward_hook(forward, _RUNNER, _batch([True] * 6)).logits_output
+    assert torch.equal(out.next_token_logits, fp32_logits.fp32_matmul(hidden, lm_head.weight))
+    assert not calls

@@ -26,6 +26,14 @@
 #                              (started with the largest, the others switched in at runtime)
 #   online                     ShareGPT at --request-rate $ONLINE_RATE (comma-separated: a load
 #                              curve, every rate on each server): nondet, sglang-det, llm42 at $ONLINE_RATIO
+#   lm-head-cost               the LM head per decode batch size, 8B shape: SGLang's bf16, fp32
+#                              for every row (llm42 before issue 33), fp32 for the deterministic
+#                              rows only (now); ~20 s (benchmarks/lm_head_cost.py)
+#   row-invariance             issue 34 step 1, no server: whether GEMM rows (8B linears, M =
+#                              1..512; cuBLAS, SGLang's batch-invariant Triton matmul, a fixed-tile
+#                              Triton GEMM) and attention rows (triton, flashinfer, torch_native)
+#                              keep their bits whatever else the batch holds; ~180 s, less with
+#                              a warm kernel cache (FlashInfer's JIT runs only with 150 s left)
 #   report                     merge every results.jsonl of this run into one table + plots
 #   save-jit-cache             pack the kernel caches the servers filled (Triton, ~/.cache) into
 #                              $OUT/jit-cache.tar.gz; put it in .gpu-jit/ and carry it to later
@@ -343,6 +351,7 @@ run_step() {
     proof) proof_step "$MODEL_1B" model_1b ;;
     proof-smollm2) proof_step "$MODEL_SMOL" model_smollm2 ;;
     bench-*) bench_step "$step" ;;
+    lm-head-cost) env_python -m benchmarks.lm_head_cost --out-dir "$RUN_DIR/$step" ;;
     smollm2-sweep)  # one --workload per ';'-separated $SWEEP_SAMPLING entry, on each start
       model_smollm2 || return 1
       local sampling samplings=() sweeps=()

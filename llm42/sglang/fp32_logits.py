@@ -11,12 +11,12 @@ of a fast-path batch (their candidates must agree with the pass). Normal rows ke
 bf16 LM head, so their outputs equal plain SGLang's and they pay nothing (issue 33: fp32 logits
 for every row of an 8B decode batch cost normal traffic). Per forward:
 
-    pass (runtime.IN_VERIFY_PASS), or an extend batch with a deterministic row and
-    input logprobs (rows are tokens, not requests)  -> every row fp32 in the LM head hook
-    otherwise                                       -> SGLang's bf16 for every row; after the
-                                                       forward, the deterministic rows' logits
-                                                       are recomputed in fp32 from their hidden
-                                                       states and written over theirs
+    pass (runtime.IN_VERIFY_PASS); an eager forward whose rows are all deterministic, or
+    tokens rather than requests (input logprobs)     -> every row fp32 in the LM head hook
+    otherwise                                        -> SGLang's bf16 for every row; after the
+                                                        forward, the deterministic rows' logits
+                                                        are recomputed in fp32 from their
+                                                        hidden states and written over theirs
 
 The decode CUDA graph holds the LM head, so Python does not run when it replays: while a graph
 is captured, the hook copies the LM head's input into a persistent buffer (one small copy per
@@ -51,7 +51,8 @@ class _Forward(threading.local):
     """What the LM head hook needs to know about the forward it runs in (set around
     `ModelRunner.forward`; a CUDA graph capture runs outside it and sees the defaults)."""
 
-    all_rows = False  # every row fp32 (see the module docstring)
+    all_rows = False  # every row needs fp32 (see the module docstring)
+    computed = False  # the LM head hook gave every row fp32 in this forward (it ran eagerly)
     forced = False  # inside the recompute: fp32 whatever else holds
     eager_hidden: torch.Tensor | None = None  # [rows, H] the LM head's input of this forward
     head: tuple | None = None  # (LogitsProcessor, lm_head) last seen with a plain LM head
@@ -99,10 +100,13 @@ def compute_lm_head_hook(original, processor, hidden_states, lm_head, embedding_
     if not enabled() or not _is_plain(processor, lm_head):
         return original(processor, hidden_states, lm_head, embedding_bias)
     _FWD.head = (processor, lm_head)
-    if runtime.IN_VERIFY_PASS or _FWD.all_rows or _FWD.forced:
+    if runtime.IN_VERIFY_PASS or _FWD.forced:
         return fp32_matmul(hidden_states, lm_head.weight)
     if hidden_states.is_cuda and torch.cuda.is_current_stream_capturing():
         _graph_buffer(hidden_states)[: hidden_states.shape[0]].copy_(hidden_states)
+    elif _FWD.all_rows:
+        _FWD.computed = True
+        return fp32_matmul(hidden_states, lm_head.weight)
     else:
         _FWD.eager_hidden = hidden_states
     return original(processor, hidden_states, lm_head, embedding_bias)
@@ -113,25 +117,32 @@ def model_forward_hook(original, model_runner, forward_batch, *args, **kwargs):
     recompute the deterministic rows' logits in fp32 (see the module docstring)."""
     if not enabled() or runtime.IN_VERIFY_PASS:
         return original(model_runner, forward_batch, *args, **kwargs)
-    det_index = deterministic_rows(forward_batch)
-    _FWD.all_rows = det_index is not None and _rows_are_tokens(model_runner, forward_batch)
-    _FWD.eager_hidden = None
+    det_index, num_rows = deterministic_rows(forward_batch)
+    _FWD.all_rows = det_index is not None and (
+        len(det_index) == num_rows or _rows_are_tokens(model_runner, forward_batch))
+    _FWD.computed, _FWD.eager_hidden = False, None
     try:
         out = original(model_runner, forward_batch, *args, **kwargs)
-        if det_index is not None and not _FWD.all_rows:
-            recompute_rows(out.logits_output, det_index, _FWD.eager_hidden)
+        if det_index is not None and not _FWD.computed:
+            # a decode graph replayed (its LM head input is in the graph buffer), or rows of
+            # both kinds ran eagerly
+            hidden = _FWD.eager_hidden
+            if hidden is None and forward_batch.forward_mode.is_decode():
+                hidden = _GRAPH_HIDDEN
+            recompute_rows(out.logits_output, det_index, hidden)
     finally:
-        _FWD.all_rows, _FWD.eager_hidden = False, None
+        _FWD.all_rows, _FWD.computed, _FWD.eager_hidden = False, False, None
     return out
 
 
-def deterministic_rows(forward_batch) -> list[int] | None:
-    """Indices of the batch's deterministic rows (None: there are none)."""
+def deterministic_rows(forward_batch) -> tuple[list[int] | None, int]:
+    """Indices of the batch's deterministic rows (None: there are none), and its rows."""
     info = getattr(forward_batch, "sampling_info", None)
     if info is None or forward_batch.forward_mode.is_idle():
-        return None
-    index = [i for i, is_det in enumerate(det_rows.of(info)) if is_det]
-    return index or None
+        return None, 0
+    flags = det_rows.of(info)
+    index = [i for i, is_det in enumerate(flags) if is_det]
+    return index or None, len(flags)
 
 
 def _rows_are_tokens(model_runner, forward_batch) -> bool:
@@ -142,11 +153,10 @@ def _rows_are_tokens(model_runner, forward_batch) -> bool:
     return (not forward_batch.forward_mode.is_decode()) and bool(forward_batch.return_logprob)
 
 
-def recompute_rows(logits_output, det_index: list[int], eager_hidden) -> None:
+def recompute_rows(logits_output, det_index: list[int], hidden) -> None:
     """Overwrite the deterministic rows of `next_token_logits` [rows, V] (fp32: SGLang's bf16
-    logits upcast) with fp32 logits computed from the same hidden states."""
+    logits upcast) with fp32 logits computed from the LM head's input `hidden` [>= rows, H]."""
     logits = getattr(logits_output, "next_token_logits", None)
-    hidden = eager_hidden if eager_hidden is not None else _GRAPH_HIDDEN
     if logits is None or _FWD.head is None or hidden is None:
         return  # no LM head of ours ran (LoRA / quantized head): SGLang's logits stand
     if hidden.shape[0] < logits.shape[0] or logits.dtype != torch.float32:
