@@ -37,6 +37,7 @@ import argparse
 import math
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -312,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
                                    quick=args.quick, seed=args.seed))
     seconds["attention"] = time.monotonic() - t0
     add("summary", [{"phase_seconds": {k: round(v, 1) for k, v in seconds.items()},
-                     "elapsed_s": round(time.monotonic() - ctx["start"], 1)}])
+                     "elapsed_s": round(time.monotonic() - ctx["start"], 1),
+                     "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")}])
     print(report.write(rows, out, argv, ctx, fills))
     return 0
 

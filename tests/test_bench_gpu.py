@@ -159,3 +159,76 @@ def test_gpu_suite_pass_tokens_sweep_and_lm_head_cost(tmp_path):
         ["nondet"], ["llm42-w64-b8", "llm42-w16-b32", "llm42-w32-b16"]]
     [cost] = [a[2:] for a in argvs if a[:2] == ["-m", "benchmarks.lm_head_cost"]]
     assert lm_head_cost.build_parser().parse_args(cost).preset == "llama-3.1-8b"
+
+
+def test_gpu_suite_row_invariance_step_is_priced(tmp_path, capsys):
+    """The row-invariance step hands benchmarks.row_invariance arguments it takes (its folder,
+    a budget inside the call's, ROW_INVARIANCE_ARGS), and the estimator prices it: a flagged
+    guess without a recorded run, the recorded run's seconds with one."""
+    from benchmarks import row_invariance
+    from benchmarks.gpu import estimate
+
+    suite = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "run_gpu_suite.sh"
+    env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
+           "RUN_DIR": str(tmp_path / "run"), "JIT_CACHE": str(tmp_path / "none.tar.gz"),
+           "SUITE_BUDGET_S": "400", "ROW_INVARIANCE_ARGS": "--attention triton-extend --iters 5"}
+    subprocess.run(["bash", str(suite), "row-invariance"], env=env, check=True,
+                   capture_output=True, timeout=120)
+    plan = tmp_path / "out" / "dry_run.jsonl"
+    [argv] = [json.loads(ln)[2:] for ln in plan.read_text().splitlines()
+              if json.loads(ln)[:2] == ["-m", "benchmarks.row_invariance"]]
+    args = row_invariance.build_parser().parse_args(argv)
+    assert args.out_dir == str(tmp_path / "run" / "row-invariance")
+    assert 300 < args.budget_s < 400 and args.preset == "llama-3.1-8b"
+    assert args.attention == "triton-extend" and args.iters == 5
+    results = tmp_path / "results"
+    results.mkdir()
+    estimate.main([str(plan), "--results", str(results), "--budget-s", "600"])
+    [line] = [ln for ln in capsys.readouterr().out.splitlines() if "row-invariance" in ln]
+    assert "180 s" in line and "a guess" in line
+    summary = {"kind": "summary", "preset": "llama-3.1-8b", "elapsed_s": 100.0,
+               "finished": "2026-12-06T00:00:00+00:00"}
+    (results / "h100" / "row-invariance").mkdir(parents=True)
+    (results / "h100" / "row-invariance" / row_invariance.JSONL).write_text(
+        json.dumps(summary) + "\n")
+    estimate.main([str(plan), "--results", str(results), "--budget-s", "600"])
+    [line] = [ln for ln in capsys.readouterr().out.splitlines() if "row-invariance" in ln]
+    assert f"{100 + estimate.ROW_INVARIANCE_START_S:.0f} s" in line
+    assert f"h100/row-invariance/{row_invariance.JSONL}" in line
+
+
+def test_gpu_suite_backend_compare_runs_llm42_once_per_proven_gpu_backend(tmp_path):
+    """The measurement behind --enable-llm42's choice without --attention-backend: one llm42
+    server on flashinfer, one on triton, each backend the last (winning) flag of its server,
+    the same ShareGPT run on both (the 8B shape, or SmolLM2's)."""
+    import shlex
+
+    from benchmarks import driver
+    from llm42.sglang.backend_gate import GPU_AUTO_BACKENDS
+
+    suite = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "run_gpu_suite.sh"
+    env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
+           "RUN_DIR": str(tmp_path / "run"), "JIT_CACHE": str(tmp_path / "none.tar.gz"),
+           "BACKEND_PROMPTS": "128"}
+    for model in ("8b", "smollm2"):
+        subprocess.run(["bash", str(suite), "backend-compare"], env={**env, "BACKEND_MODEL": model},
+                       check=True, capture_output=True, timeout=120)
+    argvs = [json.loads(line) for line in (tmp_path / "out" / "dry_run.jsonl").read_text()
+             .splitlines()]
+    eight_b, smollm2 = [a[2:] for a in argvs if a[:2] == ["-m", "benchmarks.driver"]]
+    assert "Llama-3.1-8B" in driver.build_parser().parse_args(eight_b).model_path
+    assert "random" in smollm2[smollm2.index("--model-path") + 1]
+    args = driver.build_parser().parse_args(eight_b)
+    configs = driver.server_configs(args)
+    assert [c.config for c in configs] == ["llm42", "llm42"], "one server start per backend"
+    backends = []
+    for cfg in configs:
+        flags = shlex.split(args.server_args) + cfg.flags  # as the driver starts the server
+        last = max(i for i, flag in enumerate(flags) if flag == "--attention-backend")
+        backends.append(flags[last + 1])
+        assert cfg.ratios == [0.1]
+    assert tuple(sorted(backends)) == tuple(sorted(GPU_AUTO_BACKENDS))
+    assert [c.label for c in configs] == [f"llm42-w16-attention-backend{b}" for b in backends]
+    [workload] = args.workload
+    assert "--dataset-name sharegpt" in workload and "--num-prompts 128" in workload
+    assert "--warmup-requests 32" in args.bench_args

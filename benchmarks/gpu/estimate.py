@@ -13,7 +13,9 @@ rows of its own window when there are any. Configs the driver switches in at run
 (`--switch-variants`: skip / inject, the other windows of a sweep) add runs, not starts.
 Server starts on the H200 took 54-118 s (decode CUDA-graph capture, process start), the suite's
 setup 20-35 s per call, and each run adds ~20 s of client start and dataset loading: the
-defaults. Exit 1 when the call does not fit its budget.
+defaults. A `benchmarks.row_invariance` run (no server) is priced from the newest recorded
+run's elapsed seconds (its summary row) when there is one, else at `--row-invariance-s`, flagged
+as a guess. Exit 1 when the call does not fit its budget.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pathlib import Path
 from benchmarks import driver
 
 RESULTS_ROOT = Path(__file__).resolve().parents[1] / "results"
+ROW_INVARIANCE_START_S = 15.0  # python, torch and CUDA start before a row_invariance run's clock
 _PROMPTS = re.compile(r" n=(\d+)")
 
 
@@ -133,6 +136,30 @@ def price_driver(argv: list[str], rows: list[dict], start_s: float, overhead_s: 
     return out
 
 
+def price_row_invariance(argv: list[str], root: Path, guess_s: float) -> Priced:
+    """The newest recorded run's seconds (plus interpreter start), else the guess; never more
+    than its --budget-s allows (it starts no work past it) plus the last item's 30 s."""
+    from benchmarks import row_invariance
+
+    args = row_invariance.build_parser().parse_args(argv)
+    runs = []
+    for path in sorted(root.rglob(row_invariance.JSONL)):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line) if line.strip() else {}
+            if row.get("kind") == "summary" and row.get("preset") == args.preset:
+                runs.append((row.get("finished") or "", str(path.relative_to(root)),
+                             row["elapsed_s"]))
+    if runs:
+        _, source, seconds = max(runs)
+        seconds += ROW_INVARIANCE_START_S
+    else:
+        source, seconds = "no recorded run: a guess", guess_s / (3 if args.quick else 1)
+    if args.budget_s is not None:
+        seconds = min(seconds, args.budget_s + ROW_INVARIANCE_START_S + 30)
+    return Priced(f"row-invariance {args.preset}{' --quick' if args.quick else ''}", seconds,
+                  source)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("dry_run", help="the suite's $OUT/dry_run.jsonl (DRY_RUN=1)")
@@ -142,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--start-s", type=float, default=100.0, help="seconds per server start")
     p.add_argument("--run-overhead-s", type=float, default=20.0)
     p.add_argument("--unknown-run-s", type=float, default=120.0)
+    p.add_argument("--row-invariance-s", type=float, default=180.0,
+                   help="a row_invariance run without a recorded one (8B shape, H100: GEMMs "
+                        "~60 s, Triton attention ~15 s, FlashInfer's first JIT ~60-120 s)")
     p.add_argument("--results", default=str(RESULTS_ROOT))
     args = p.parse_args(argv)
     rows = recorded_rows(Path(args.results))
@@ -151,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         if cmd[:2] == ["-m", "benchmarks.driver"]:
             priced += price_driver(cmd[2:], rows, args.start_s, args.run_overhead_s,
                                    args.unknown_run_s)
+        elif cmd[:2] == ["-m", "benchmarks.row_invariance"]:
+            priced.append(price_row_invariance(cmd[2:], Path(args.results),
+                                               args.row_invariance_s))
     total = 0.0
     for item in priced:
         total += item.seconds
