@@ -218,43 +218,6 @@ def test_gpu_suite_backend_compare_runs_llm42_once_per_proven_gpu_backend(tmp_pa
     eight_b, smollm2 = [a[2:] for a in argvs if a[:2] == ["-m", "benchmarks.driver"]]
     assert "Llama-3.1-8B" in driver.build_parser().parse_args(eight_b).model_path
     assert "random" in smollm2[smollm2.index("--model-path") + 1]
-    args = driver.build_parser().parse_args(eight_b)
-    configs = driver.server_configs(args)
-    assert [c.config for c in configs] == ["llm42", "llm42"], "one server start per backend"
-    backends = []
-    for cfg in configs:
-        flags = shlex.split(args.server_args) + cfg.flags  # as the driver starts the server
-        last = max(i for i, flag in enumerate(flags) if flag == "--attention-backend")
-        backends.append(flags[last + 1])
-        assert cfg.ratios == [0.1]
-    assert tuple(sorted(backends)) == tuple(sorted(GPU_AUTO_BACKENDS))
-    assert [c.label for c in configs] == [f"llm42-w16-attention-backend{b}" for b in backends]
-    [workload] = args.workload
-    assert "--dataset-name sharegpt" in workload and "--num-prompts 128" in workload
-    assert "--warmup-requests 32" in args.bench_args
-
-
-def test_gpu_suite_backend_compare_runs_llm42_once_per_proven_gpu_backend(tmp_path):
-    """The measurement behind --enable-llm42's choice without --attention-backend: one llm42
-    server on flashinfer, one on triton, each backend the last (winning) flag of its server,
-    the same ShareGPT run on both (the 8B shape, or SmolLM2's)."""
-    import shlex
-
-    from benchmarks import driver
-    from llm42.sglang.backend_gate import GPU_AUTO_BACKENDS
-
-    suite = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "run_gpu_suite.sh"
-    env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
-           "RUN_DIR": str(tmp_path / "run"), "JIT_CACHE": str(tmp_path / "none.tar.gz"),
-           "BACKEND_PROMPTS": "128"}
-    for model in ("8b", "smollm2"):
-        subprocess.run(["bash", str(suite), "backend-compare"], env={**env, "BACKEND_MODEL": model},
-                       check=True, capture_output=True, timeout=120)
-    argvs = [json.loads(line) for line in (tmp_path / "out" / "dry_run.jsonl").read_text()
-             .splitlines()]
-    eight_b, smollm2 = [a[2:] for a in argvs if a[:2] == ["-m", "benchmarks.driver"]]
-    assert "Llama-3.1-8B" in driver.build_parser().parse_args(eight_b).model_path
-    assert "random" in smollm2[smollm2.index("--model-path") + 1]
     assert "--context-len 8192" in driver.build_parser().parse_args(smollm2).bench_args
     args = driver.build_parser().parse_args(eight_b)
     configs = driver.server_configs(args)

@@ -29,9 +29,6 @@
 #   backend-compare            what --enable-llm42 should pick without --attention-backend: llm42
 #                              at $BACKEND_RATIOS on flashinfer, then on triton (one server
 #                              each), ShareGPT; tables.md has each one's throughput
-#   backend-compare            what --enable-llm42 should pick without --attention-backend: llm42
-#                              at $BACKEND_RATIOS on flashinfer, then on triton (one server
-#                              each), ShareGPT; tables.md has each one's throughput
 #   lm-head-cost               the LM head per decode batch size, 8B shape: SGLang's bf16, fp32
 #                              for every row (llm42 before issue 33), fp32 for the deterministic
 #                              rows only (now); ~20 s (benchmarks/lm_head_cost.py)
@@ -70,9 +67,6 @@
 #   SMOLLM2_WEIGHTS=random|dummy|real (real: the GGUF
 #   parts in GGUF_DIR=/tmp/llm42-gguf, see prepare_assets --smollm2-gguf)
 #   ONLINE_RATE=24 ONLINE_PROMPTS=1024 ONLINE_RATIO=0.1 MAX_RUNNING=256
-#   BACKEND_MODEL=8b|smollm2 BACKEND_PROMPTS=256 BACKEND_RATIOS=0.1 BACKEND_WARMUP=32 (backend-
-#   compare: the Llama-3.1-8B shape of the headline, dummy weights, or the SmolLM2 shape with
-#   $SMOLLM2_WEIGHTS weights; two server starts: ~150 s with warm kernel caches, ~300 s cold)
 #   BACKEND_MODEL=8b|smollm2 BACKEND_PROMPTS=256 BACKEND_RATIOS=0.1 BACKEND_WARMUP=32 (backend-
 #   compare: the Llama-3.1-8B shape of the headline, dummy weights, or the SmolLM2 shape with
 #   $SMOLLM2_WEIGHTS weights; two server starts: ~150 s with warm kernel caches, ~300 s cold)
@@ -135,10 +129,6 @@ SMOLLM2_WEIGHTS=${SMOLLM2_WEIGHTS:-random}
 ONLINE_RATE=${ONLINE_RATE:-24}
 ONLINE_PROMPTS=${ONLINE_PROMPTS:-1024}
 ONLINE_RATIO=${ONLINE_RATIO:-0.1}
-BACKEND_MODEL=${BACKEND_MODEL:-8b}
-BACKEND_PROMPTS=${BACKEND_PROMPTS:-256}
-BACKEND_RATIOS=${BACKEND_RATIOS:-0.1}
-BACKEND_WARMUP=${BACKEND_WARMUP:-32}
 BACKEND_MODEL=${BACKEND_MODEL:-8b}
 BACKEND_PROMPTS=${BACKEND_PROMPTS:-256}
 BACKEND_RATIOS=${BACKEND_RATIOS:-0.1}
@@ -396,16 +386,6 @@ run_step() {
       read -ra args <<< "${ROW_INVARIANCE_ARGS:-}"
       SGLANG_BATCH_INVARIANT_OPS_ENABLE_MM_DEEPGEMM=0 env_python -m benchmarks.row_invariance \
         --out-dir "$RUN_DIR/$step" --budget-s $(( $(remaining) - 30 )) ${args[@]+"${args[@]}"} ;;
-    backend-compare)  # one llm42 server per backend, the variant's flag after COMMON_ARGS' own
-      local model=$MODEL_8B context=""
-      if [[ $BACKEND_MODEL == smollm2 ]]; then
-        model_smollm2 || return 1
-        model=$MODEL_SMOL context=" --context-len 8192"
-      fi
-      LLM42_ARGS="--attention-backend flashinfer;--attention-backend triton" \
-        driver "$step" "$model" llm42 "$BACKEND_RATIOS" --window-sizes "$WINDOW" \
-        --workload "--dataset-name sharegpt --dataset-path $SHAREGPT --num-prompts $BACKEND_PROMPTS" \
-        --bench-args "--seed 1 --warmup-requests $BACKEND_WARMUP$context" ;;
     backend-compare)  # one llm42 server per backend, the variant's flag after COMMON_ARGS' own
       local model=$MODEL_8B context=""
       if [[ $BACKEND_MODEL == smollm2 ]]; then
