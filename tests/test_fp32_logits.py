@@ -173,3 +173,16 @@ def test_an_all_deterministic_batch_computes_fp32_once(hooked, monkeypatch):
     out = fp32_logits.model_forward_hook(forward, _RUNNER, _batch([True] * 6)).logits_output
     assert torch.equal(out.next_token_logits, fp32_logits.fp32_matmul(hidden, lm_head.weight))
     assert not calls
+
+
+def test_the_row_check_catches_a_row_from_another_hidden_state(hooked, monkeypatch):
+    """LLM42_TEST_CHECK_FP32_ROWS=1 (GPU proofs and benchmarks): the recomputed rows pass when
+    they come from the right hidden states and fail when the buffer is misaligned."""
+    forward, hidden, lm_head = hooked
+    monkeypatch.setenv(fp32_logits.CHECK_ROWS_ENV, "1")
+    det = [False, True, False, False, True, False]
+    fp32_logits.model_forward_hook(forward, _RUNNER, _batch(det))  # right rows: no error
+    bf16 = _original(None, hidden, lm_head).float()
+    with pytest.raises(RuntimeError):
+        fp32_logits.check_same_rows(fp32_logits.fp32_matmul(hidden[[2, 3]], lm_head.weight),
+                                    bf16[[1, 4]])

@@ -35,6 +35,7 @@ before llm42's scheduler hook runs.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 import torch
@@ -45,6 +46,9 @@ logger = logging.getLogger(__name__)
 _ENABLED: bool | None = None
 _MM_OUT_DTYPE: dict[str, bool] = {}  # device type -> torch.mm(out_dtype=...) works there
 _DEFAULT_GRAPH_ROWS = 1024  # graph buffer rows when SGLang's decode graph size is unknown
+# Test / proof runs: check on the device, without a sync, that each recomputed row is the row
+# SGLang computed, only less rounded (`recompute_rows`).
+CHECK_ROWS_ENV = "LLM42_TEST_CHECK_FP32_ROWS"
 
 
 class _Forward(threading.local):
@@ -115,7 +119,10 @@ def compute_lm_head_hook(original, processor, hidden_states, lm_head, embedding_
 def model_forward_hook(original, model_runner, forward_batch, *args, **kwargs):
     """AROUND ModelRunner.forward: decide which rows get fp32 logits, run the forward, then
     recompute the deterministic rows' logits in fp32 (see the module docstring)."""
-    if not enabled() or runtime.IN_VERIFY_PASS:
+    if (not enabled() or runtime.IN_VERIFY_PASS
+            or getattr(model_runner.server_args, "enable_dp_attention", False)):
+        # DP attention gathers other ranks' rows into the LM head: its deterministic rows keep
+        # bf16 on the fast path (more rollbacks, same outputs: passes stay fp32)
         return original(model_runner, forward_batch, *args, **kwargs)
     det_index, num_rows = deterministic_rows(forward_batch)
     _FWD.all_rows = det_index is not None and (
@@ -146,10 +153,8 @@ def deterministic_rows(forward_batch) -> tuple[list[int] | None, int]:
 
 
 def _rows_are_tokens(model_runner, forward_batch) -> bool:
-    """The LM head's rows are not one per request: input logprobs of an extend batch (every
-    prompt token), or DP attention's gathered rows; then every row gets fp32."""
-    if getattr(model_runner.server_args, "enable_dp_attention", False):
-        return True
+    """The LM head's rows are not one per request (input logprobs of an extend batch: every
+    prompt token); then every row gets fp32."""
     return (not forward_batch.forward_mode.is_decode()) and bool(forward_batch.return_logprob)
 
 
@@ -170,7 +175,18 @@ def recompute_rows(logits_output, det_index: list[int], hidden) -> None:
                                      use_logits_buffer=False)
     finally:
         _FWD.forced = False
+    if os.environ.get(CHECK_ROWS_ENV) == "1":
+        check_same_rows(rows, logits.index_select(0, index))
     logits.index_copy_(0, index, rows)
+
+
+def check_same_rows(fp32_rows: torch.Tensor, bf16_rows: torch.Tensor) -> None:
+    """Device-side assert (no host sync) that fp32 logits [k, V] and SGLang's upcast bf16 logits
+    of the same rows differ only by bf16 rounding: a row recomputed from the wrong hidden state
+    (a stale or misaligned graph buffer) differs by about the logits' own size."""
+    scale = bf16_rows.abs()
+    limit = 0.01 * scale + 1e-3 * scale.amax(dim=1, keepdim=True) + 1e-6
+    torch._assert_async(((fp32_rows - bf16_rows).abs() <= limit).all())
 
 
 def _graph_buffer(hidden: torch.Tensor) -> torch.Tensor:
