@@ -247,7 +247,8 @@ def run_gemms(args, ctx: dict, emit) -> None:
         if same not in weights:
             copies = weight_copies(k, n, shape["layers"], args.weight_mib)
             weights[same] = [randn(n, k).mul_(0.02) for _ in range(copies)]
-    with tqdm(total=len(kernels) * len(specs) * len(ms), desc="(kernel, linear, M)") as bar:
+    with tqdm(total=len(kernels) * len(specs) * len(ms), desc="(kernel, linear, M)",
+              mininterval=2.0) as bar:
         for kernel in kernels:
             entry = fns.get(kernel, f"unknown kernel (one of {', '.join(KERNELS)})")
             for name, (k, n, out_dtype) in specs.items():
@@ -282,7 +283,10 @@ def setup(args) -> dict:
                        "deadline": start + args.budget_s if args.budget_s else None},
             "meta": {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
                      "git_commit": env_info.git_commit(), "preset": args.preset,
-                     "max_rows": args.max_rows, "timing": "cuda-graph" if cuda else "eager"}}
+                     "max_rows": args.max_rows, "timing": "cuda-graph" if cuda else "eager",
+                     # cuBLAS may reduce bf16 GEMMs in bf16 (split-K) when this is on
+                     "bf16_reduced_precision_reduction":
+                         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -125,7 +125,8 @@ def ranges(grid: list[int], ms: set[int]) -> str:
 def gemm_table(rows: list[dict], grid: list[int]) -> list[str]:
     cases = ("prefix", "permuted", "offset")
     held = defaultdict(lambda: defaultdict(set))
-    failed, skipped, keys = defaultdict(set), {}, []
+    failed, replay_differs, skipped, keys = defaultdict(set), defaultdict(set), {}, []
+    graphed = set()
     for r in rows:
         if r.get("kind") != "gemm":
             continue
@@ -138,17 +139,23 @@ def gemm_table(rows: list[dict], grid: list[int]) -> list[str]:
             held[key][r["case"]].add(r["m"])
         elif r["bitwise"] is False:
             failed[key].add(r["m"])
-    lines = ["| kernel | linear | " + " | ".join(cases) + " | all three | not invariant at |",
-             "|---|---|---|---|---|---|---|"]
+        if r.get("graph_matches_eager") is not None:
+            graphed.add(key)
+            if not r["graph_matches_eager"]:
+                replay_differs[key].add(r["m"])
+    lines = ["| kernel | linear | " + " | ".join(cases) + " | all three | not invariant at "
+             "| graph replay = eager |", "|---|---|---|---|---|---|---|---|"]
     for key in keys:
         if key in skipped and not held[key] and not failed[key]:
-            lines.append(f"| {key[0]} | {key[1]} | skipped: {_cell(skipped[key])} |||||")
+            lines.append(f"| {key[0]} | {key[1]} | skipped: {_cell(skipped[key])} ||||||")
             continue
         every = set(grid) - failed[key]
         every &= held[key]["prefix"] & held[key]["permuted"]
         cells = [ranges(grid, held[key][c]) for c in cases]
+        replay = ("not graphed" if key not in graphed else
+                  f"no at {ranges(grid, replay_differs[key])}" if replay_differs[key] else "yes")
         lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells) +
-                     f" | {ranges(grid, every)} | {ranges(grid, failed[key])} |")
+                     f" | {ranges(grid, every)} | {ranges(grid, failed[key])} | {replay} |")
     return lines
 
 
