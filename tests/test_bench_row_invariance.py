@@ -24,6 +24,15 @@ CPU = torch.device("cpu")
 TIMING = {"device": CPU, "warmup": 0, "iters": 1, "deadline": None}
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny ops on a shared 2-core host: a second intra-op thread only spins (50x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def test_tiny_cpu_run_writes_rows_table_and_plot(tmp_path):
     argv = ["--out-dir", str(tmp_path), "--preset", "tiny", "--device", "cpu", "--quick",
             "--m-grid", "1,5", "--max-rows", "64", "--buckets", "32,64",
@@ -210,7 +219,7 @@ assert row_invariant_linear(x, w).dtype == torch.float16
 print("ok")
 """
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=120, cwd=root, check=False)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
