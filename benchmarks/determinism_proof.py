@@ -235,7 +235,10 @@ def markdown(result: dict) -> str:
             f"{result['max_new_tokens']} new tokens, return_logprob, bitwise comparison")
     lines = [f"# Determinism proof ({result['timestamp']})", "", server,
              f"- server args: `{result['server_args']}`", load,
-             f"- command: `{result['command']}`", ""]
+             f"- command: `{result['command']}`",
+             f"- TP ranks applied the same decisions: {result.get('tp_ranks_agree', True)} "
+             f"({len((result.get('llm42_stats_after') or {}).get('rank_ledgers', []))} "
+             f"scheduler ledgers)", ""]
     for run in result["runs"]:
         verdict = "HOLDS" if run["expectation_holds"] else "FAILS"
         lines += [f"## mode `{run['mode']}`: expectation ({run['expectation']}) {verdict}", "",
@@ -325,7 +328,10 @@ def main(argv: list[str] | None = None) -> int:
               "background_levels": [int(x) for x in levels], "repeats": args.repeats,
               "num_trials": args.repeats * len(levels), "llm42_stats_before": stats,
               "llm42_stats_after": stats_after, "runs": runs,
+              # under TP every rank must have applied the same decisions (llm42.sglang.tp_share)
+              "tp_ranks_agree": (stats_after or {}).get("tp_ranks_agree", True),
               "all_expectations_hold": all(r["expectation_holds"] for r in runs)}
+    result["all_expectations_hold"] &= result["tp_ranks_agree"]
     (out / "proof.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "proof.md").write_text(markdown(result))
     print(markdown(result))

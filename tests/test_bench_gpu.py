@@ -233,3 +233,40 @@ def test_gpu_suite_backend_compare_runs_llm42_once_per_proven_gpu_backend(tmp_pa
     [workload] = args.workload
     assert "--dataset-name sharegpt" in workload and "--num-prompts 128" in workload
     assert "--warmup-requests 32" in args.bench_args
+
+
+@pytest.mark.parametrize("det_allreduce", ["0", "1"])
+def test_gpu_suite_tp_proof_and_tp_benchmark(tmp_path, det_allreduce):
+    """proof-tp runs the proof (llm42 and its control) on a TP = 2 server, with SGLang's
+    deterministic all-reduce settings on request; TP=2 puts every server of a bench step on two
+    GPUs, the plain-SGLang-as-users-run-it baseline included."""
+    import shlex
+
+    from benchmarks import driver
+
+    suite = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "run_gpu_suite.sh"
+    env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
+           "RUN_DIR": str(tmp_path / "run"), "JIT_CACHE": str(tmp_path / "none.tar.gz"),
+           "TP_DET_ALLREDUCE": det_allreduce}
+    subprocess.run(["bash", str(suite), "proof-tp"], env=env, check=True, capture_output=True,
+                   timeout=120)
+    subprocess.run(["bash", str(suite), "bench-sharegpt-all"], env={**env, "TP": "2"},
+                   check=True, capture_output=True, timeout=120)
+    argvs = [json.loads(line) for line in (tmp_path / "out" / "dry_run.jsonl").read_text()
+             .splitlines()]
+    [proof] = [a[2:] for a in argvs if a[:2] == ["-m", "benchmarks.determinism_proof"]]
+    assert proof[proof.index("--mode") + 1] == "both", "llm42 and its control"
+    assert "llama-3.2-1b" in proof[proof.index("--model-path") + 1]
+    server_args = shlex.split(proof[proof.index("--server-args") + 1])
+    last_tp = max(i for i, flag in enumerate(server_args) if flag == "--tp-size")
+    assert server_args[last_tp + 1] == "2" and "--enable-llm42" in server_args
+    assert ("--disable-custom-all-reduce" in server_args) == (det_allreduce == "1")
+
+    [bench] = [a[2:] for a in argvs if a[:2] == ["-m", "benchmarks.driver"]]
+    args = driver.build_parser().parse_args(bench)
+    configs = driver.server_configs(args)
+    assert {"nondet", "nondet-defaults", "sglang-det", "llm42"} <= {c.config for c in configs}
+    for cfg in configs:
+        flags = driver.without_like_for_like(shlex.split(args.server_args)) \
+            if not cfg.like_for_like else shlex.split(args.server_args)
+        assert flags[flags.index("--tp-size") + 1] == "2", cfg.label

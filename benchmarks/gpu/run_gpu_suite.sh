@@ -10,6 +10,9 @@
 #   proof                      determinism proof, llama-3.2-1b shape with random-normal weights,
 #                              modes llm42 and control on one --enable-llm42 server
 #   proof-smollm2              the same proof on SmolLM2-135M-Instruct ($SMOLLM2_WEIGHTS)
+#   proof-tp                   the proof at TP = $PROOF_TP (default 2, NCCL; needs that many GPUs),
+#                              llama-3.2-1b shape; TP_DET_ALLREDUCE=1 adds SGLang's deterministic
+#                              all-reduce settings (NCCL_ALGO=allreduce:tree, no custom all-reduce)
 #   bench-WORKLOAD[-CONFIG]    driver run; WORKLOAD: sharegpt | arxiv | random1k (1024 in/256
 #                              out) | random4k (4096/1024) | mix (all of $WORKLOADS on each
 #                              server start); CONFIG: nondet | nondet-defaults |
@@ -97,6 +100,7 @@
 #   ROW_INVARIANCE_ARGS="" (extra benchmarks.row_invariance args, e.g. "--quick" or
 #   "--attention triton-extend,triton-extend-unified")
 #   COMMON_ARGS (server args for every config; see below) EXTRA_SERVER_ARGS=""
+#   TP=1 (N > 1: every server of every step runs with --tp-size N, e.g. TP=2 bench-sharegpt)
 set -uo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -154,7 +158,12 @@ SWITCH_VARIANTS=${SWITCH_VARIANTS:-1}
 WARMUP_ARG=${WARMUP_REQUESTS:+ --warmup-requests $WARMUP_REQUESTS}
 PREFILL_GRAPH_ARG=--cuda-graph-backend-prefill=disabled
 [[ $PREFILL_GRAPHS == 1 ]] && PREFILL_GRAPH_ARG=
-COMMON_ARGS=${COMMON_ARGS:-"--attention-backend triton --sampling-backend pytorch --disable-radix-cache --max-running-requests $MAX_RUNNING $PREFILL_GRAPH_ARG --cuda-graph-max-bs-decode $MAX_RUNNING $EXTRA_SERVER_ARGS"}
+TP=${TP:-1}
+PROOF_TP=${PROOF_TP:-2}
+TP_DET_ALLREDUCE=${TP_DET_ALLREDUCE:-0}
+TP_ARG=""
+(( TP > 1 )) && TP_ARG=" --tp-size $TP"
+COMMON_ARGS=${COMMON_ARGS:-"--attention-backend triton --sampling-backend pytorch --disable-radix-cache --max-running-requests $MAX_RUNNING $PREFILL_GRAPH_ARG --cuda-graph-max-bs-decode $MAX_RUNNING$TP_ARG $EXTRA_SERVER_ARGS"}
 
 LLM42_SITE=$PREFIX/llm42-site
 MODELS=$RUN_DIR/models
@@ -332,8 +341,9 @@ bench_step() {  # bench-WORKLOAD[-CONFIG]; WORKLOAD "mix" = every workload of $W
     "${wl[@]}" --bench-args "--seed 1$WARMUP_ARG"
 }
 
-proof_step() {  # $1 = model folder, $2 = the function that writes it; $step from run_step
-  local model=$1
+proof_step() {  # $1 = model folder, $2 = the function that writes it, $3 = more server args;
+  # $step from run_step
+  local model=$1 extra=${3:-}
   $2 || return 1
   if (( $(remaining) < 240 )); then log "step $step: skipped, only $(remaining)s left"; return 1; fi
   log "step $step: $model, background $PROOF_BACKGROUND x $PROOF_REPEATS repeats, features '$PROOF_FEATURES'"
@@ -346,7 +356,7 @@ proof_step() {  # $1 = model folder, $2 = the function that writes it; $step fro
     lora_name=(--lora-name proof)
   fi
   env_python -m benchmarks.determinism_proof --launch --model-path "$model" \
-    --server-args "$COMMON_ARGS --enable-llm42 --llm42-window-size $WINDOW --llm42-verify-batch-size $VERIFY_BS --random-seed 7 $lora_args $PROOF_LLM42_ARGS" \
+    --server-args "$COMMON_ARGS --enable-llm42 --llm42-window-size $WINDOW --llm42-verify-batch-size $VERIFY_BS --random-seed 7 $lora_args $PROOF_LLM42_ARGS$extra" \
     --mode both --background "$PROOF_BACKGROUND" --repeats "$PROOF_REPEATS" \
     --num-prompts "$PROOF_PROMPTS" --max-new-tokens "$PROOF_TOKENS" \
     --features "$PROOF_FEATURES" "${lora_name[@]}" \
@@ -362,6 +372,13 @@ run_step() {
     setup) ;;
     proof) proof_step "$MODEL_1B" model_1b ;;
     proof-smollm2) proof_step "$MODEL_SMOL" model_smollm2 ;;
+    proof-tp)  # the proof's server at TP = $PROOF_TP (after a TP=N of COMMON_ARGS: it wins)
+      if [[ $TP_DET_ALLREDUCE == 1 ]]; then  # SGLang's deterministic mode at TP > 1, this step only
+        (export NCCL_ALGO=allreduce:tree
+         proof_step "$MODEL_1B" model_1b " --tp-size $PROOF_TP --disable-custom-all-reduce")
+      else
+        proof_step "$MODEL_1B" model_1b " --tp-size $PROOF_TP"
+      fi ;;
     bench-*) bench_step "$step" ;;
     lm-head-cost) env_python -m benchmarks.lm_head_cost --out-dir "$RUN_DIR/$step" ;;
     smollm2-sweep)  # one --workload per ';'-separated $SWEEP_SAMPLING entry, on each start
