@@ -20,6 +20,8 @@ from llm42.server_process import (
     SGLangServerError,
     SGLangServerTimeout,
     cpu_server_env,
+    cpu_threads_bind,
+    tp_size_of,
 )
 
 
@@ -52,6 +54,32 @@ def test_cuda_mode_adds_nothing(tmp_path):
     assert "--device" not in server.args and server.args[-2:] == ["--tp", "1"]
     assert server.env.get("SGLANG_USE_CPU_ENGINE") == os.environ.get("SGLANG_USE_CPU_ENGINE")
     assert cpu_server_env() == {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.mark.parametrize("tp_size, cpus, expected", [
+    (2, [0, 1], "0|1"),  # this CI host: a core per rank
+    (2, range(8), "0-3|4-7"),
+    (2, [0, 2, 3, 5], "0,2|3,5"),  # a cpuset with holes: libnuma lists, not a false range
+    (3, [0, 1], "0|1|0"),  # more ranks than cores: shared round-robin
+])
+def test_cpu_threads_bind_gives_each_tp_rank_its_cores(tp_size, cpus, expected):
+    assert cpu_threads_bind(tp_size, cpus) == expected
+
+
+def test_cpu_tp_server_binds_threads_unless_told(tmp_path, monkeypatch):
+    """SGLang's CPU engine asserts on TP > 1 without SGLANG_CPU_OMP_THREADS_BIND (one NUMA node)."""
+    monkeypatch.delenv("SGLANG_CPU_OMP_THREADS_BIND", raising=False)
+    assert [tp_size_of(a) for a in (["--tp-size", "2"], ["--tp=4"], ["--tensor-parallel-size",
+                                    "3"], ["--dp-size", "2"])] == [2, 4, 3, 1]
+    tp2 = SGLangServer(tmp_path, ["--tp-size", "2"], device="cpu")
+    assert tp2.env["SGLANG_CPU_OMP_THREADS_BIND"].count("|") == 1
+    dp2 = SGLangServer(tmp_path, ["--dp-size", "2"], device="cpu")
+    assert "SGLANG_CPU_OMP_THREADS_BIND" not in dp2.env
+    told = SGLangServer(tmp_path, ["--tp-size", "2"], device="cpu",
+                        env={"SGLANG_CPU_OMP_THREADS_BIND": "0|0"})
+    assert told.env["SGLANG_CPU_OMP_THREADS_BIND"] == "0|0"
+    gpu = SGLangServer(tmp_path, ["--tp-size", "2"], device="cuda")
+    assert "SGLANG_CPU_OMP_THREADS_BIND" not in gpu.env
 
 
 def test_exit_before_healthy_fails_fast_with_log_tail(tmp_path):
