@@ -24,7 +24,6 @@ import pytest
 from conftest import _llm42_args, _start, wait_idle_and_healthy
 from helpers import (
     PROMPTS,
-    assert_bitwise_everywhere,
     assert_prefix,
     assert_same,
     background_requests,
@@ -59,7 +58,7 @@ def dp_server(tiny_model, tmp_path_factory):
     args = _llm42_args(rate=0.5) + ["--disable-overlap-schedule", "--dp-size", "2"]
     server = _start(tiny_model, args, "dp2", tmp_path_factory)
     yield server
-    server.stop()
+    server.stop(grace_s=4)  # its launcher leaves the DP schedulers to the group SIGTERM
 
 
 def assert_ranks_agree(url: str, num_ranks: int = 2) -> dict:
@@ -83,80 +82,96 @@ def _ranks_stay_clean_and_agree(request):
         wait_idle_and_healthy(request.getfixturevalue("dp_server"))
 
 
-def _batched(url, prompts, case):
-    return lambda u: generate(u, list(prompts), max_new_tokens=NEW_TOKENS, **case)
+def _jobs():
+    """(prompt, sampling case) pairs: two prompts, greedy and seeded t = 0.8."""
+    return [(p, c.id, c.values[0]) for c in CASES for p in PROMPTS[:2]]
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_tp2_deterministic_requests_are_bitwise_identical(tp_server, case):
-    """Solo, repeated, among concurrent normal traffic (retracted now and then) and in a batched
-    call, through forced rollbacks, while rank 1's own samples differ from rank 0's."""
-    url, prompts = tp_server.url, PROMPTS[:2]
+_SOLO: dict = {}  # (prompt, case id) -> tp_server's solo output, before and after its restart
+
+
+def _tp_solo(url, prompt, case_id, case):
+    if (prompt, case_id) not in _SOLO:
+        _SOLO[prompt, case_id] = det_request(url, prompt, NEW_TOKENS, **case)
+    return _SOLO[prompt, case_id]
+
+
+def _batched(url, jobs):
+    """One batched /generate call per sampling case (`_jobs` groups them), in `jobs` order."""
+    out = []
+    for case_id in dict.fromkeys(c_id for _, c_id, _ in jobs):
+        group = [(p, c) for p, c_id, c in jobs if c_id == case_id]
+        out += generate(url, [p for p, _ in group], max_new_tokens=NEW_TOKENS, **group[0][1])
+    return out
+
+
+def test_tp2_deterministic_requests_are_bitwise_identical(tp_server):
+    """Alone, among concurrent normal traffic (retracted now and then) and in a batched call,
+    greedy and seeded, through forced rollbacks, while rank 1's own samples differ from rank
+    0's: every output equals the request's solo output, and both ranks decided alike."""
+    url, jobs = tp_server.url, _jobs()
     before = llm42_stats(url)
-    assert_bitwise_everywhere(
-        url, lambda u, p: det_request(u, p, NEW_TOKENS, **case), prompts,
-        normal_traffic=background_requests(url, 4), batched=_batched(url, prompts, case))
+    refs = [_tp_solo(url, *job) for job in jobs]
+    loaded = concurrently([lambda p=p, c=c: det_request(url, p, NEW_TOKENS, **c)
+                           for p, _, c in jobs] + background_requests(url, 4))
+    for job, ref, got, got_batched in zip(jobs, refs, loaded, _batched(url, jobs)):
+        assert_same(ref, got, f"among normal traffic {job[:2]}")
+        assert_same(ref, got_batched, f"batched {job[:2]}")
     stats = assert_ranks_agree(url)
     assert stats["rollbacks"] > before["rollbacks"], "no rollback happened"
-    assert all(entry["decisions"] > 0 for entry in stats["rank_ledgers"]), stats["rank_ledgers"]
     assert [e["tp_rank"] for e in stats["rank_ledgers"]] == [0, 1]
+    assert all(entry["decisions"] > 0 for entry in stats["rank_ledgers"]), stats["rank_ledgers"]
 
 
 def test_tp2_retraction_and_aborts_leak_nothing_on_any_rank(tp_server):
     """Retracted deterministic requests restart and give their solo output; aborted ones (by
-    rid after a streamed chunk, by a client disconnect) publish a prefix of it. Then the server
-    must go idle with every rank's strict leak check passing (`_ranks_stay_clean_and_agree`)."""
-    url = tp_server.url
-    jobs = [(PROMPTS[i % 2], CASES[i % 2].values[0]) for i in range(3)]
-    refs = [det_request(url, p, NEW_TOKENS, ignore_eos=True, **c) for p, c in jobs]
+    rid after a streamed chunk, by a client disconnect) publish a prefix of theirs. Then the
+    server must go idle with every rank's strict leak check passing (the after-test check)."""
+    url, jobs = tp_server.url, _jobs()[:3]
+    refs = [_tp_solo(url, *job) for job in jobs]
     victim_case = {"temperature": 0.0}
     victim_ref = det_request(url, PROMPTS[3], 24, ignore_eos=True)
     restarts = llm42_stats(url)["retraction_restarts"]
-
     out = concurrently(
-        [lambda p=p, c=c: det_request(url, p, NEW_TOKENS, ignore_eos=True, **c) for p, c in jobs]
+        [lambda p=p, c=c: det_request(url, p, NEW_TOKENS, **c) for p, _, c in jobs]
         + [lambda: stream_then_abort(url, PROMPTS[3], victim_case, "tp2-victim", after_chunks=3),
            lambda: disconnect_after(url, PROMPTS[3], victim_case, 2)]
         + background_requests(url, 3))
-    for (p, c), ref, got in zip(jobs, refs, out):
-        assert_same(ref, got, f"retracted or not {p!r} {c}")
+    for job, ref, got in zip(jobs, refs, out):
+        assert_same(ref, got, f"retracted or not {job[:2]}")
     assert_prefix(victim_ref, out[len(jobs)], "aborted by rid")
     assert llm42_stats(url)["retraction_restarts"] > restarts, "nothing was retracted"
 
 
 def test_tp2_restart_reproduces_outputs(tp_server):
-    """The same TP = 2 server stopped and started again: bitwise the same outputs, and the
-    ledgers start from zero on both ranks."""
-    url = tp_server.url
-    before = [det_request(url, PROMPTS[4], NEW_TOKENS, **c.values[0]) for c in CASES]
+    """The TP = 2 server stopped and started again: bitwise the outputs it gave before, and
+    both ranks' ledgers start from zero."""
+    jobs = _jobs()[1:3]  # greedy and seeded
+    refs = [_tp_solo(tp_server.url, *job) for job in jobs]
     tp_server.stop()
     tp_server.start()
     fresh = assert_ranks_agree(tp_server.url)
     assert all(e["decisions"] == 0 for e in fresh["rank_ledgers"]), fresh["rank_ledgers"]
-    after = [det_request(tp_server.url, PROMPTS[4], NEW_TOKENS, **c.values[0]) for c in CASES]
-    for c, ref, got in zip(CASES, before, after):
-        assert_same(ref, got, f"after a restart {c.id}")
+    for (p, c_id, c), ref in zip(jobs, refs):
+        assert_same(ref, det_request(tp_server.url, p, NEW_TOKENS, **c), f"restart {p!r} {c_id}")
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_dp2_replicas_give_the_single_server_outputs(dp_server, inject_server, case):
-    """A router may send a deterministic request to either replica: repeated (round robin
-    alternates the replicas), among normal traffic and batched, each output is bitwise the one
-    `inject_server` (same flags, one process of TP = 1) gives."""
-    prompts = PROMPTS[:2]
-    refs = [det_request(inject_server.url, p, NEW_TOKENS, **case) for p in prompts]
-    url = dp_server.url
-    for _ in range(2):
-        for p, ref in zip(prompts, refs):
-            assert_same(ref, det_request(url, p, NEW_TOKENS, **case), f"replica {p!r}")
-    loaded = concurrently([lambda p=p: det_request(url, p, NEW_TOKENS, **case) for p in prompts]
-                          + background_requests(url, 4))
-    batched = _batched(url, prompts, case)(url)
-    for p, ref, got, got_batched in zip(prompts, refs, loaded, batched):
-        assert_same(ref, got, f"replica among normal traffic {p!r}")
-        assert_same(ref, got_batched, f"replica batched {p!r}")
-    stats = llm42_stats(url)
-    assert stats["dp_ranks"] == 2 and stats["rollbacks"] > 0, stats
-    ledgers = stats["rank_ledgers"]
+def test_dp2_replicas_give_the_single_server_outputs(dp_server, inject_server):
+    """A router may send a deterministic request to either replica: each request twice in a row
+    (SGLang's round robin: once per replica), among normal traffic and batched, every output is
+    bitwise the one `inject_server` (same flags, one TP = 1 process) gives."""
+    url, jobs = dp_server.url, _jobs()
+    refs = [det_request(inject_server.url, p, NEW_TOKENS, **c) for p, _, c in jobs]
+    for (p, c_id, c), ref in zip(jobs, refs):
+        for replica in range(2):
+            assert_same(ref, det_request(url, p, NEW_TOKENS, **c), f"{p!r} {c_id} #{replica}")
+    ledgers = llm42_stats(url)["rank_ledgers"]
     assert sorted(e["dp_rank"] for e in ledgers) == [0, 1], ledgers
     assert all(e["decisions"] > 0 for e in ledgers), f"a replica served nothing: {ledgers}"
+    loaded = concurrently([lambda p=p, c=c: det_request(url, p, NEW_TOKENS, **c)
+                           for p, _, c in jobs] + background_requests(url, 4))
+    for job, ref, got, got_batched in zip(jobs, refs, loaded, _batched(url, jobs)):
+        assert_same(ref, got, f"replica among normal traffic {job[:2]}")
+        assert_same(ref, got_batched, f"replica batched {job[:2]}")
+    stats = llm42_stats(url)
+    assert stats["dp_ranks"] == 2 and stats["rollbacks"] > 0, stats
