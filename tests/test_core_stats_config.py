@@ -143,7 +143,22 @@ CONFIG_ERRORS = [
     ({"max_passes_per_step": -1}, None, "--llm42-max-passes-per-step must be >= 0"),
     ({"solo_prefill_min_tokens": 512, "batched_prefill": False}, None,
      "drop --no-llm42-batched-prefill"),  # a threshold between two paths, one of them off
+    ({"verifier": "exact"}, None, "--llm42-verifier must be one of fixed-shape, row-invariant"),
+    ({"verifier": "row-invariant", "batched_prefill": False}, None,  # prompts need prompt rows
+     "row-invariant verifies every prompt with row-invariant prompt rows"),
+    ({"verifier": "row-invariant", "solo_prefill_min_tokens": 0}, None,
+     "drop --no-llm42-batched-prefill and --llm42-solo-prefill-min-tokens"),
 ]
+
+
+def test_row_invariant_verifier_verifies_every_prompt_by_prompt_rows() -> None:
+    """Whatever its length: a solo prefill's KV would depend on the prefill path. Only a request
+    asking for prompt logprobs still prefills alone (the pass gives no prompt logprobs)."""
+    config = Llm42Config(verifier="row-invariant")
+    assert config.solo_prefill_threshold is None
+    assert not config.prefills_alone(100_000, wants_prompt_logprobs=False)
+    assert config.prefills_alone(10, wants_prompt_logprobs=True)
+    assert Llm42Config().prefills_alone(100_000, wants_prompt_logprobs=False)  # fixed-shape
 
 
 @pytest.mark.parametrize(("kwargs", "context_length", "message"), CONFIG_ERRORS)

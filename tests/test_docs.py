@@ -54,12 +54,15 @@ def _table_rows(markdown: str, heading: str | None = None) -> list[list[str]]:
 
 
 def _documented_default(cell: str):
-    """'off' / 'on' -> bool, 'auto: ...' / 'none' -> None, else the leading number."""
+    """'off' / 'on' -> bool, 'auto: ...' / 'none' -> None, `a-word` -> that string, else the
+    leading number."""
     word = cell.split()[0].strip("`:")
     if word in ("off", "on"):
         return word == "on"
     if word in ("auto", "none"):
         return None
+    if cell.startswith("`"):
+        return word
     return float(word)
 
 

@@ -33,6 +33,11 @@ def _setting(default, flag: str | None, help: str, *, echo_as: str | None = None
                                              "echoed": echoed})
 
 
+# --llm42-verifier: how a verification pass computes its rows (`llm42/sglang/row_pass.py`).
+FIXED_SHAPE, ROW_INVARIANT = "fixed-shape", "row-invariant"
+VERIFIERS = (FIXED_SHAPE, ROW_INVARIANT)
+
+
 @dataclass(frozen=True)
 class Llm42Config:
     window_size: int = _setting(
@@ -99,6 +104,14 @@ class Llm42Config:
         "near-ties, so tiny differences between the decode batch and the verification pass "
         "flip the argmax: fewer rollbacks on real weights. Changes deterministic outputs; "
         "normal requests keep SGLang's bf16 LM head.")
+    verifier: str = _setting(
+        FIXED_SHAPE, "--llm42-verifier",
+        "How verification passes compute: fixed-shape (default) runs every pass as one B x W "
+        "extend forward, so outputs also depend on W, B and the prefill flags; row-invariant "
+        "runs each entry as a decode row of its own in forwards of a fixed row count, so a "
+        "deterministic output depends on the request alone (not on W, B, the prefill path or "
+        "the prefix cache), at the cost of one decode row per verified token. row-invariant: "
+        "CPU (torch_native) only so far.")
     benchmark_modes: bool = _setting(
         False, "--llm42-benchmark-modes",
         "Benchmarking only: accept POST /llm42_benchmark_mode {\"skip_compare\": bool, "
@@ -132,6 +145,8 @@ class Llm42Config:
         (H200, ArXiv-like prompts, ratio 1.0: 0.80x SGLang's deterministic mode batched, 1.56x
         solo). With the prefix cache every prompt is batched by default, so that long shared
         prefixes are reused."""
+        if self.verifier == ROW_INVARIANT:
+            return None  # prompt rows are row-invariant: every prompt is verified by them
         if not self.batched_prefill:
             return 0
         if self.solo_prefill_min_tokens is None:
@@ -192,6 +207,16 @@ class Llm42Config:
                 "--llm42-prefix-cache shares prompt KV written by prompt passes: drop "
                 "--no-llm42-batched-prefill"
             )
+        if self.verifier not in VERIFIERS:
+            raise ValueError(f"--llm42-verifier must be one of {', '.join(VERIFIERS)}, got "
+                             f"{self.verifier!r}")
+        if self.verifier == ROW_INVARIANT and (not self.batched_prefill
+                                               or self.solo_prefill_min_tokens is not None):
+            raise ValueError(
+                "--llm42-verifier row-invariant verifies every prompt with row-invariant prompt "
+                "rows, whatever its length: drop --no-llm42-batched-prefill and "
+                "--llm42-solo-prefill-min-tokens (they choose the prompt path of the "
+                "fixed-shape verifier)")
         if not 0.0 <= self.inject_mismatch_rate <= 1.0:  # also rejects NaN
             raise ValueError(
                 f"--llm42-inject-mismatch-rate must be in [0, 1], got {self.inject_mismatch_rate}"

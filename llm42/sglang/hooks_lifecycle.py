@@ -4,9 +4,10 @@ its finishes (deferred until verified, or an abort dropping its candidates) and 
 
 from __future__ import annotations
 
+from llm42.core.config import ROW_INVARIANT
 from llm42.core.verify_round import withhold_finish
 from llm42.core.window import DetRequestState
-from llm42.sglang import backend_gate, kv_rollback, prefill_faults, runtime
+from llm42.sglang import backend_gate, kv_rollback, prefill_faults, row_pass, runtime
 from llm42.sglang.keys import META_KEYS
 from llm42.sglang.request_fields import is_deterministic_params
 from llm42.sglang.request_state import attach, det_state, of
@@ -36,7 +37,26 @@ def scheduler_init_hook(result, scheduler, *args, **kwargs):
         scheduler.server_args, allow_unproven=config.allow_unproven_backend)
     if not verdict.allowed:
         raise ValueError(f"llm42: {verdict.message}")
+    if config.verifier == ROW_INVARIANT:
+        _check_row_invariant(scheduler)
     runtime.install(scheduler, config, unproven_backend=verdict.unproven_backend)
+
+
+def _check_row_invariant(scheduler) -> None:
+    """--llm42-verifier row-invariant only where its forwards' GEMMs keep each row's bits
+    whatever the other rows (checked on the loaded model's weights, `row_pass.check_linears`)."""
+    import torch
+
+    device = torch.device(scheduler.device).type
+    rows = row_pass.rows_per_forward(device)
+    if rows is None:
+        raise ValueError(f"llm42: --llm42-verifier row-invariant has no proven row shape on "
+                         f"{device} yet (CPU only so far); serve with --llm42-verifier "
+                         "fixed-shape")
+    problems = row_pass.check_linears(scheduler.tp_worker.model_runner.model, rows)
+    if problems:
+        raise ValueError("llm42: --llm42-verifier row-invariant refused, this device's GEMMs "
+                         "are not row-invariant at the pass shape: " + "; ".join(problems))
 
 
 class _CounterView:

@@ -28,10 +28,16 @@ if TYPE_CHECKING:
 
 
 def namespace(config: Llm42Config, extra_key: str | None = None) -> str:
-    """Radix-tree `extra_key` of verified prompt KV: rows of another W or B never mix, and the
-    request's own key (SGLang's LoRA adapter id and cache salt) stays part of it, so verified
-    rows are shared only between requests of one adapter and one salt."""
-    return f"llm42-verified:w{config.window_size}:b{config.verify_batch_size}|{extra_key or ''}"
+    """Radix-tree `extra_key` of verified prompt KV: rows of another W or B never mix (a
+    fixed-shape pass's KV depends on them; a row-invariant pass's does not, so its rows are
+    shared across every W and B), and the request's own key (SGLang's LoRA adapter id and cache
+    salt) stays part of it, so verified rows are shared only between requests of one adapter
+    and one salt."""
+    from llm42.core.config import ROW_INVARIANT
+
+    shape = (ROW_INVARIANT if config.verifier == ROW_INVARIANT
+             else f"w{config.window_size}:b{config.verify_batch_size}")
+    return f"llm42-verified:{shape}|{extra_key or ''}"
 
 
 def uses_cache(req) -> bool:

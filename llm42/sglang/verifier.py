@@ -102,10 +102,7 @@ def launch_pass(
 
     flat_ids = [0 if t == PAD_TOKEN_ID else t for t in vpass.flat_input_ids]
     seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
-    batch = copy.copy(decode_batch)
-    batch.reqs = [r if r is not None else _PAD_REQ for r in reqs] + [_PAD_REQ] * (
-        len(pool_idx) - len(reqs)
-    )
+    batch = pass_batch(decode_batch, reqs, len(pool_idx))
     batch.forward_mode = _extend_mode()
     batch.input_ids = to_device(flat_ids, torch.int64, device)
     batch.req_pool_indices = to_device(pool_idx, torch.int64, device)
@@ -117,18 +114,6 @@ def launch_pass(
     batch.prefix_lens, batch.extend_lens = prefix_lens, extend_lens
     batch.extend_num_tokens = sum(extend_lens)
     batch.extend_logprob_start_lens = list(extend_lens)
-    batch.extend_input_logprob_token_ids = None
-    batch.return_logprob = False
-    batch.top_logprobs_nums = None
-    batch.token_ids_logprobs = None
-    batch.sampling_info = None
-    batch.has_grammar = False
-    batch.spec_info = None
-    batch.global_num_tokens = None
-    batch.global_num_tokens_for_logprob = None
-    batch.is_prefill_only = False
-    batch.input_embeds = None
-    batch.multimodal_inputs = [None] * len(batch.reqs)
 
     from llm42.sglang import runtime as rt
 
@@ -147,6 +132,28 @@ def launch_pass(
         picked = logits.index_select(0, index).float()
     return LaunchedPass(vpass, reqs, entries, picked, bool(result.can_run_cuda_graph),
                         time.perf_counter() - t0)
+
+
+def pass_batch(decode_batch: ScheduleBatch, reqs: list, num_seqs: int) -> ScheduleBatch:
+    """A copy of the decode batch carrying a pass of `num_seqs` sequences: `reqs` then dummy
+    requests, no sampling, logprobs, grammar or speculation (the pass samples on its own); the
+    caller sets the mode, ids, lengths and KV slots."""
+    batch = copy.copy(decode_batch)
+    batch.reqs = [r if r is not None else _PAD_REQ for r in reqs] + [_PAD_REQ] * (
+        num_seqs - len(reqs))
+    batch.extend_input_logprob_token_ids = None
+    batch.return_logprob = False
+    batch.top_logprobs_nums = None
+    batch.token_ids_logprobs = None
+    batch.sampling_info = None
+    batch.has_grammar = False
+    batch.spec_info = None
+    batch.global_num_tokens = None
+    batch.global_num_tokens_for_logprob = None
+    batch.is_prefill_only = False
+    batch.input_embeds = None
+    batch.multimodal_inputs = [None] * len(batch.reqs)
+    return batch
 
 
 def to_device(values: list, dtype: torch.dtype, device) -> torch.Tensor:

@@ -8,6 +8,7 @@ import logging
 
 import torch
 
+from llm42.core.config import ROW_INVARIANT
 from llm42.core.stats import sampling_kind
 from llm42.core.verify_round import PassPlan, decide_job, job_rows, plan_round, settle
 from llm42.sglang import (
@@ -15,6 +16,7 @@ from llm42.sglang import (
     kv_rollback,
     prefix_cache,
     rank_faults,
+    row_pass,
     runtime,
     tp_share,
     verifier,
@@ -43,7 +45,9 @@ def run_round(rt, scheduler, batch, reqs: list, overlap: bool = False) -> None:
         _after_step_in_flight(scheduler)
     for plan in plan_round(jobs, cfg.verify_batch_size, cfg.window_size):
         row_reqs = [reqs[j] for j in plan.owners] + [None] * plan.vpass.num_pad_rows
-        launched.append((plan, verifier.launch_pass(scheduler, batch, plan.vpass, row_reqs)))
+        launch = (row_pass.launch_row_pass if cfg.verifier == ROW_INVARIANT
+                  else verifier.launch_pass)
+        launched.append((plan, launch(scheduler, batch, plan.vpass, row_reqs)))
         if not overlap:  # one pass at a time
             _sample_and_decide(rt, scheduler, batch, reqs, *launched.pop())
     if overlap:

@@ -1,0 +1,154 @@
+"""The row-invariant verification pass (`--llm42-verifier row-invariant`): every entry of a pass is
+computed as a decode row of its own, so its bits depend on its request alone.
+
+A fixed-shape pass (`verifier.launch_pass`) is reproducible only because every pass has the same
+B x W shape: its extend attention and GEMMs see the same batch every time, so W, B and the
+prefill path are part of what a deterministic output is a function of. Here each real entry of
+the `VerifyPass` becomes one decode row: query = the entry's token at its position, keys = its
+request's KV before it (written by earlier entries of the same pass at the same layer, or by
+earlier passes). Per row, decode attention reduces over exactly that row's keys, norms and
+activations are per row, and the GEMMs run at one fixed number of rows (`rows_per_forward`,
+padded with SGLang's padding slot as the fixed-shape pass pads), where a row's result does not
+depend on the other rows (`row_invariance.check_linears` checks that at startup). So:
+
+    entries of the pass, in order:  (row r, position p) for p in [prefix_len, prefix_len+num_real)
+    forwards:                       [e_0 .. e_{M-1}] [e_M .. e_{2M-1}] ...   (decode, M rows each)
+    an entry's logits / KV:         f(its request's tokens [0, p])           (whatever W, B, the
+                                                                               pass's other rows)
+
+Entries are taken row by row in position order, so an entry's predecessors of the same request
+are in its own forward or an earlier one. The price: a window of W entries costs W decode rows
+instead of one extend row of W tokens, and a pass may take several forwards.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from llm42.core.decision import PAD_TOKEN_ID
+from llm42.core.planner import VerifyPass
+from llm42.sglang import runtime, verifier
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.managers.scheduler import Scheduler
+
+# Rows of every forward of a row-invariant pass, per device type: a shape at which the GEMMs'
+# rows are independent of each other (checked at startup, `row_invariance.check_linears`).
+ROWS_PER_FORWARD = {"cpu": 16}
+
+
+def rows_per_forward(device_type: str) -> int | None:
+    """None: the row-invariant verifier is not available on this device (yet)."""
+    return ROWS_PER_FORWARD.get(device_type)
+
+
+def launch_row_pass(
+    scheduler: Scheduler, decode_batch: ScheduleBatch, vpass: VerifyPass, reqs: list[Req | None]
+):
+    """Run `vpass`'s real entries as decode rows in forwards of `rows_per_forward` rows; the
+    logits of the entries a decision reads, as `verifier.launch_pass` returns them."""
+    t0 = time.perf_counter()
+    device = decode_batch.device
+    rows = rows_per_forward(torch.device(device).type)
+    if rows is None:
+        raise RuntimeError(f"llm42: the row-invariant verifier has no row shape for {device}")
+    entries, sampled = [], []  # (req, position, token); indices of the compared entries
+    for r, (row, req) in enumerate(zip(vpass.rows, reqs)):
+        if row.is_pad:
+            continue
+        for j in range(row.num_real):
+            if j >= row.sample_from:
+                sampled.append(((r, j), len(entries)))
+            entries.append((req, row.positions[j], row.input_ids[j]))
+    logits = []
+    graphed = False
+    for start in range(0, len(entries), rows):
+        chunk = entries[start : start + rows]
+        out, ran_graph = _forward(scheduler, decode_batch, chunk, rows, device)
+        logits.append(out[: len(chunk)])
+        graphed = graphed or ran_graph
+    picked = None
+    if sampled:
+        index = verifier.to_device([i for _, i in sampled], torch.int64, device)
+        picked = torch.cat(logits).index_select(0, index).float()
+    return verifier.LaunchedPass(vpass, reqs, [key for key, _ in sampled], picked, graphed,
+                                 time.perf_counter() - t0)
+
+
+def _forward(scheduler, decode_batch, chunk: list, rows: int, device) -> tuple[torch.Tensor, bool]:
+    """One decode forward of `rows` rows: the chunk's entries, then padding rows (SGLang's
+    padding slot: request row 0, slot 0, as the fixed-shape pass pads)."""
+    req_to_token = scheduler.req_to_token_pool.req_to_token
+    pool_idx = [req.req_pool_idx for req, _, _ in chunk] + [0] * (rows - len(chunk))
+    positions = [pos for _, pos, _ in chunk] + [0] * (rows - len(chunk))
+    tokens = [0 if t == PAD_TOKEN_ID else t for _, _, t in chunk] + [0] * (rows - len(chunk))
+    pool = verifier.to_device(pool_idx, torch.int64, device)
+    pos = verifier.to_device(positions, torch.int64, device)
+    locs = req_to_token[pool, pos].to(torch.int64)
+    if len(chunk) < rows:
+        locs[len(chunk):] = 0
+    seq_lens = [p + 1 for p in positions]
+    batch = verifier.pass_batch(decode_batch, [req for req, _, _ in chunk], rows)
+    batch.forward_mode = _decode_mode()
+    batch.input_ids = verifier.to_device(tokens, torch.int64, device)
+    batch.req_pool_indices = pool
+    batch.seq_lens = verifier.to_device(seq_lens, torch.int64, device)
+    batch.seq_lens_cpu = torch.tensor(seq_lens, dtype=torch.int64)
+    batch.orig_seq_lens = verifier.to_device(seq_lens, torch.int32, device)
+    batch.seq_lens_sum = sum(seq_lens)
+    batch.out_cache_loc = locs
+    batch.prefix_lens = batch.extend_lens = batch.extend_logprob_start_lens = None
+    batch.extend_num_tokens = None
+    runtime.IN_VERIFY_PASS = True
+    try:
+        result = scheduler.tp_worker.forward_batch_generation(batch, is_verify=True)
+    finally:
+        runtime.IN_VERIFY_PASS = False
+    logits = result.logits_output.next_token_logits  # [rows, vocab]
+    assert logits.shape[0] == rows, f"row pass logits {tuple(logits.shape)}"
+    return logits, bool(result.can_run_cuda_graph)
+
+
+def _decode_mode():
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    return ForwardMode.DECODE
+
+
+def check_linears(model, rows: int, seed: int = 0) -> list[str]:
+    """Why a forward of `rows` rows would not be row-invariant on this model and device: for
+    every distinct GEMM weight shape of `model`, and its LM head in fp32 (as passes compute it),
+    a row's output must keep its bits when the other rows change and when the rows are
+    permuted. [] when it holds."""
+    import torch.nn.functional as F
+
+    from llm42.sglang.fp32_logits import fp32_matmul
+
+    gemms = {}  # (shape, dtype, fp32 logits) -> (label, weight, gemm)
+    for name, weight in model.named_parameters():
+        if weight.dim() == 2 and "embed" not in name:
+            gemms.setdefault((tuple(weight.shape), weight.dtype, False), (name, weight, F.linear))
+    head = getattr(getattr(model, "lm_head", None), "weight", None)
+    if head is not None:
+        gemms[(tuple(head.shape), head.dtype, True)] = ("lm_head (fp32 logits)", head,
+                                                        fp32_matmul)
+    g = torch.Generator().manual_seed(seed)
+    problems = []
+    for label, weight, gemm in gemms.values():
+        x = torch.randn(rows, weight.shape[1], generator=g).to(weight.device, weight.dtype)
+        mates = torch.randn(rows, weight.shape[1], generator=g).to(weight.device, weight.dtype)
+        mates[0] = x[0]
+        perm = torch.randperm(rows, generator=g).to(weight.device)
+        with torch.no_grad():
+            y = gemm(x, weight)
+            if not torch.equal(gemm(mates, weight)[0], y[0]):
+                problems.append(f"{label} {tuple(weight.shape)}: a row changes with the other "
+                                f"rows at {rows} rows")
+            elif not torch.equal(gemm(x[perm], weight), y[perm]):
+                problems.append(f"{label} {tuple(weight.shape)}: rows change with their "
+                                f"position at {rows} rows")
+    return problems

@@ -1,0 +1,120 @@
+"""`--llm42-verifier row-invariant`: a deterministic request's output depends on the request alone.
+
+Token ids and logprobs, greedy and seeded top-p, bitwise equal across W in {3, 8, 16, 64} and B in
+{1, 2, 4, 32} (switched at runtime), prefix cache on and off, two chunked-prefill sizes, both
+scheduler loops, alone, among normal traffic and batched, through injected rollbacks. The control:
+the fixed-shape verifier's logprobs change with W and B on the same requests.
+"""
+
+from __future__ import annotations
+
+import pytest
+import requests
+from conftest import CONTEXT, _start, wait_idle_and_healthy
+from helpers import PROMPTS, background_requests, concurrently, generate, llm42_stats
+
+SAMPLINGS = [pytest.param({}, id="greedy"),
+             pytest.param({"temperature": 0.8, "seed": 5, "sampling": {"top_p": 0.9}},
+                          id="top_p-seeded")]
+SHAPES = [(16, 32), (3, 1), (64, 2)]  # (W, B) switched in after the server's own (8, 4)
+
+
+def _row_args(window: int, batch: int, rate: float) -> list[str]:
+    return ["--enable-llm42", "--llm42-verifier", "row-invariant",
+            "--llm42-window-size", str(window), "--llm42-verify-batch-size", str(batch),
+            "--llm42-inject-mismatch-rate", str(rate), "--random-seed", "7",
+            "--context-length", str(CONTEXT)]
+
+
+@pytest.fixture(scope="module")
+def row_server(tiny_model, tmp_path_factory):
+    """W = 8, B = 4, prefix cache, 32-token prefill chunks, overlap loop; W and B switchable."""
+    server = _start(tiny_model, _row_args(8, 4, 0.3) + [
+        "--llm42-prefix-cache", "--chunked-prefill-size", "32", "--llm42-benchmark-modes"],
+        "row-invariant", tmp_path_factory)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def row_server_apart(tiny_model, tmp_path_factory):
+    """Another layout: W = 16, B = 1, no prefix cache, 64-token chunks, SGLang's normal loop."""
+    server = _start(tiny_model, _row_args(16, 1, 0.5) + [
+        "--chunked-prefill-size", "64", "--disable-overlap-schedule"],
+        "row-invariant-apart", tmp_path_factory)
+    yield server
+    server.stop()
+
+
+def _switch(url: str, window: int, batch: int) -> None:
+    r = requests.post(url + "/llm42_benchmark_mode", timeout=60,
+                      json={"window_size": window, "verify_batch_size": batch})
+    assert r.status_code == 200 and r.json()["verify_batch_size"] == batch, r.text
+
+
+def _outputs(url: str, prompts, sampling: dict):
+    return [(ids, lps) for ids, lps, _ in generate(url, prompts, max_new_tokens=20, **sampling)]
+
+
+def assert_same(ref: list, got: list, what: str) -> None:
+    """Per prompt, token ids and logprobs bitwise."""
+    for k, ((ref_ids, ref_lps), (ids, lps)) in enumerate(zip(ref, got, strict=True)):
+        assert ids == ref_ids, f"{what}, prompt {k}: token ids differ\n{ref_ids}\n{ids}"
+        assert lps == ref_lps, f"{what}, prompt {k}: logprobs differ (bitwise)"
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+def test_outputs_depend_on_the_request_alone(row_server, row_server_apart, sampling):
+    prompts = PROMPTS[:3]
+    url = row_server.url
+    ref = _outputs(url, prompts, sampling)
+    try:
+        for window, batch in SHAPES:
+            _switch(url, window, batch)
+            got = [_outputs(url, [p], sampling)[0] for p in prompts]  # alone
+            assert_same(ref, got, f"alone at W {window}, B {batch}")
+        loaded = concurrently([lambda: _outputs(url, prompts, sampling),
+                               *background_requests(url, 12)])[0]
+        assert_same(ref, loaded, "batched among normal traffic")
+    finally:
+        _switch(url, 8, 4)
+    assert_same(ref, _outputs(row_server_apart.url, prompts, sampling),
+                "W 16, B 1, no prefix cache, other chunks, normal loop")
+    stats = llm42_stats(url)
+    assert stats["rollbacks"] > 0 and stats["verifier"] == "row-invariant"
+    wait_idle_and_healthy(row_server)
+    wait_idle_and_healthy(row_server_apart)
+
+
+def test_prefix_cache_hits_give_the_bits_of_misses_across_windows(row_server, row_server_apart):
+    """Verified prompt rows of one W are reused at another (their KV does not depend on W): a
+    hit at W = 16 after a miss at W = 8 gives the output of a server without the cache."""
+    prompt = " ".join(PROMPTS[3:6])  # several rows of either window
+    url = row_server.url
+    before = llm42_stats(url)["cached_prompt_tokens"]
+    miss = _outputs(url, [prompt], {})
+    try:
+        _switch(url, 16, 2)
+        hit = _outputs(url, [prompt], {})
+    finally:
+        _switch(url, 8, 4)
+    assert llm42_stats(url)["cached_prompt_tokens"] > before, "no prefix-cache hit"
+    assert_same(miss, hit, "prefix-cache hit at W 16 vs miss at W 8")
+    assert_same(miss, _outputs(row_server_apart.url, [prompt], {}), "server without the cache")
+    wait_idle_and_healthy(row_server)
+
+
+def test_the_fixed_shape_verifier_is_the_control(llm42_server):
+    """The same requests on the fixed-shape verifier: logprobs change with W and B (what the
+    row-invariant verifier removes), so the checks above can fail."""
+    url = llm42_server.url
+    prompts = PROMPTS[:3]
+    ref = _outputs(url, prompts, {})
+    try:
+        _switch(url, 16, 32)
+        other = _outputs(url, prompts, {})
+    finally:
+        _switch(url, 8, 4)
+    assert [lps for _, lps in ref] != [lps for _, lps in other], (
+        "the fixed-shape verifier gave W 8 / B 4 and W 16 / B 32 the same bits: the control "
+        "does not diverge")
