@@ -199,14 +199,32 @@ def run_mode(url: str, mode: str, args) -> dict:
                 meta_sums[k]["verify_passes"] += int(meta.get("llm42_verify_passes") or 0)
             print(f"[proof {mode}] repeat {rep} background {level}: "
                   f"{trials[-1]['seconds']} s", flush=True)
-    reports = [compare_repetitions(s) for s in samples]
     trial_names = [f"r{t['repeat']}-bg{t['background']}" for t in trials]
+    reference = _reference(args, mode, len(reqs))
+    if reference is not None:  # another server's outputs lead: every trial must equal them
+        samples = [[ref, *got] for ref, got in zip(reference, samples)]
+        trial_names = ["reference", *trial_names]
+    reports = [compare_repetitions(s) for s in samples]
     return {"mode": mode, "expectation_holds": expectation_holds(mode, reports),
+            "outputs": [[list(ids), list(lps)] for ids, lps in (s[0] for s in samples)],
             "expectation": ("every repetition bitwise identical" if mode == "llm42"
                             else "at least one divergence"),
             "trials": trials,
             "requests": [_request_json(r, rep, trial_names, sums, samples[k][0])
                          for k, (r, rep, sums) in enumerate(zip(reqs, reports, meta_sums))]}
+
+
+def _reference(args, mode: str, num_requests: int):
+    """`--reference`: the llm42 mode's outputs of an earlier proof (another server, e.g. other
+    W and B with the row-invariant verifier), one (ids, logprobs) per request; None without."""
+    if mode != "llm42" or not getattr(args, "reference", None):
+        return None
+    runs = json.loads(Path(args.reference).read_text())["runs"]
+    outputs = next(r["outputs"] for r in runs if r["mode"] == "llm42")
+    if len(outputs) != num_requests:
+        raise SystemExit(f"error: --reference has {len(outputs)} requests, this proof "
+                         f"{num_requests}: run both with the same --num-prompts and --features")
+    return [(ids, lps) for ids, lps in outputs]
 
 
 def _request_json(req: DetRequest, rep: RequestReport, names: list[str], sums: dict,
@@ -262,7 +280,7 @@ def _dash(value) -> str:
     return "-" if value is None else str(value)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", default="http://127.0.0.1:30000")
@@ -283,6 +301,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--features", default="",
                    help=f"comma list of sampling-API requests to add per prompt: {','.join(FEATURES)}")
     p.add_argument("--lora-name", default=None, help="adapter the lora feature's requests use")
+    p.add_argument("--reference", default=None,
+                   help="proof.json of an earlier proof (another server, e.g. other W and B "
+                        "with --llm42-verifier row-invariant): every llm42 trial must equal its "
+                        "outputs bitwise too")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     try:
         num_requests = len(det_requests(args.num_prompts, args.seed, _features(args),

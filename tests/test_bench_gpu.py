@@ -270,3 +270,31 @@ def test_gpu_suite_tp_proof_and_tp_benchmark(tmp_path, det_allreduce):
         flags = driver.without_like_for_like(shlex.split(args.server_args)) \
             if not cfg.like_for_like else shlex.split(args.server_args)
         assert flags[flags.index("--tp-size") + 1] == "2", cfg.label
+
+
+def test_gpu_suite_row_invariant_proof_compares_two_servers(tmp_path):
+    """proof-row-invariant: two proofs with the row-invariant verifier at W 16 B 32 and W 64 B 4;
+    the second reads the first's proof.json as its reference (cross-server bitwise check)."""
+    import shlex
+
+    from benchmarks import determinism_proof
+
+    suite = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "run_gpu_suite.sh"
+    env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
+           "RUN_DIR": str(tmp_path / "run"), "JIT_CACHE": str(tmp_path / "none.tar.gz")}
+    subprocess.run(["bash", str(suite), "proof-row-invariant"], env=env, check=True,
+                   capture_output=True, timeout=120)
+    argvs = [json.loads(line) for line in (tmp_path / "out" / "dry_run.jsonl").read_text()
+             .splitlines() if '"benchmarks.determinism_proof"' in line]
+    assert len(argvs) == 2
+    parsed = [determinism_proof.build_parser().parse_args(a[2:]) for a in argvs]
+    shapes = []
+    for args in parsed:
+        server = shlex.split(args.server_args)
+        assert server[server.index("--llm42-verifier") + 1] == "row-invariant"
+        assert "--llm42-allow-unproven-backend" in server and "lora" not in args.features
+        shapes.append((server[server.index("--llm42-window-size") + 1],
+                       server[server.index("--llm42-verify-batch-size") + 1]))
+    assert shapes == [("16", "32"), ("64", "4")]
+    assert parsed[0].reference is None
+    assert parsed[1].reference == str(Path(parsed[0].out_dir) / "proof.json")

@@ -10,6 +10,10 @@
 #   proof                      determinism proof, llama-3.2-1b shape with random-normal weights,
 #                              modes llm42 and control on one --enable-llm42 server
 #   proof-smollm2              the same proof on SmolLM2-135M-Instruct ($SMOLLM2_WEIGHTS)
+#   proof-row-invariant        the proof with --llm42-verifier row-invariant (triton, unproven:
+#                              with --llm42-allow-unproven-backend) at W 16 B 32, then on a
+#                              second server at W 64 B 4 whose every trial must also equal the
+#                              first server's outputs bitwise (--reference); features without lora
 #   proof-tp                   the proof at TP = $PROOF_TP (default 2, NCCL; needs that many GPUs),
 #                              llama-3.2-1b shape; TP_DET_ALLREDUCE=1 adds SGLang's deterministic
 #                              all-reduce settings (NCCL_ALGO=allreduce:tree, no custom all-reduce)
@@ -359,7 +363,7 @@ proof_step() {  # $1 = model folder, $2 = the function that writes it, $3 = more
     --server-args "$COMMON_ARGS --enable-llm42 --llm42-window-size $WINDOW --llm42-verify-batch-size $VERIFY_BS --random-seed 7 $lora_args $PROOF_LLM42_ARGS$extra" \
     --mode both --background "$PROOF_BACKGROUND" --repeats "$PROOF_REPEATS" \
     --num-prompts "$PROOF_PROMPTS" --max-new-tokens "$PROOF_TOKENS" \
-    --features "$PROOF_FEATURES" "${lora_name[@]}" \
+    --features "$PROOF_FEATURES" "${lora_name[@]}" ${PROOF_REFERENCE:+--reference "$PROOF_REFERENCE"} \
     --startup-timeout "$STARTUP_TIMEOUT" --out-dir "$RUN_DIR/$step"
   local code=$?
   log "step $step: exit $code (0: llm42 all identical and control diverged)"
@@ -371,6 +375,13 @@ run_step() {
   case $step in
     setup) ;;
     proof) proof_step "$MODEL_1B" model_1b ;;
+    proof-row-invariant)  # two servers, two (W, B); the second is compared with the first too
+      local row="--llm42-verifier row-invariant --llm42-allow-unproven-backend" top=$step
+      step=$top/w16-b32 WINDOW=16 VERIFY_BS=32 PROOF_FEATURES=n2,penalty,json \
+        PROOF_LLM42_ARGS="$PROOF_LLM42_ARGS $row" proof_step "$MODEL_1B" model_1b || return 1
+      step=$top/w64-b4 WINDOW=64 VERIFY_BS=4 PROOF_FEATURES=n2,penalty,json \
+        PROOF_LLM42_ARGS="$PROOF_LLM42_ARGS $row" \
+        PROOF_REFERENCE="$RUN_DIR/$top/w16-b32/proof.json" proof_step "$MODEL_1B" model_1b ;;
     proof-smollm2) proof_step "$MODEL_SMOL" model_smollm2 ;;
     proof-tp)  # the proof's server at TP = $PROOF_TP (after a TP=N of COMMON_ARGS: it wins)
       if [[ $TP_DET_ALLREDUCE == 1 ]]; then  # SGLang's deterministic mode at TP > 1, this step only

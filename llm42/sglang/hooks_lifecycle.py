@@ -37,26 +37,40 @@ def scheduler_init_hook(result, scheduler, *args, **kwargs):
         scheduler.server_args, allow_unproven=config.allow_unproven_backend)
     if not verdict.allowed:
         raise ValueError(f"llm42: {verdict.message}")
+    unproven = verdict.unproven_backend
     if config.verifier == ROW_INVARIANT:
-        _check_row_invariant(scheduler)
-    runtime.install(scheduler, config, unproven_backend=verdict.unproven_backend)
+        unproven = _check_row_invariant(scheduler, config) or unproven
+    runtime.install(scheduler, config, unproven_backend=unproven)
 
 
-def _check_row_invariant(scheduler) -> None:
-    """--llm42-verifier row-invariant only where its forwards' GEMMs keep each row's bits
-    whatever the other rows (checked on the loaded model's weights, `row_pass.check_linears`)."""
+def _check_row_invariant(scheduler, config) -> str | None:
+    """--llm42-verifier row-invariant only on a decode attention backend whose row passes fix
+    each row's KV split, with a proof (or the override), and where its forwards' GEMMs keep each
+    row's bits whatever the other rows (checked on the loaded weights, `row_pass.check_linears`).
+    Returns what is unproven about it (None: nothing)."""
     import torch
 
     device = torch.device(scheduler.device).type
     rows = row_pass.rows_per_forward(device)
-    if rows is None:
-        raise ValueError(f"llm42: --llm42-verifier row-invariant has no proven row shape on "
-                         f"{device} yet (CPU only so far); serve with --llm42-verifier "
-                         "fixed-shape")
+    _, decode = scheduler.server_args.get_attention_backends()
+    if rows is None or decode != row_pass.ROW_PASS_BACKENDS.get(device):
+        raise ValueError(
+            f"llm42: --llm42-verifier row-invariant needs decode attention "
+            f"{row_pass.ROW_PASS_BACKENDS.get(device, '(none on this device)')} on {device} "
+            f"(got {decode}); serve with --llm42-verifier fixed-shape")
+    unproven = None
+    if row_pass.PROVEN_ROW_BACKENDS.get(device) != decode:
+        unproven = f"row-invariant:{decode}"
+        if not config.allow_unproven_backend:
+            raise ValueError(
+                f"llm42: --llm42-verifier row-invariant has no determinism proof on {device} "
+                f"{decode} yet (proven: CPU torch_native); pass --llm42-allow-unproven-backend "
+                "to run it for a proof, or serve with --llm42-verifier fixed-shape")
     problems = row_pass.check_linears(scheduler.tp_worker.model_runner.model, rows)
     if problems:
         raise ValueError("llm42: --llm42-verifier row-invariant refused, this device's GEMMs "
                          "are not row-invariant at the pass shape: " + "; ".join(problems))
+    return unproven
 
 
 class _CounterView:

@@ -37,13 +37,32 @@ if TYPE_CHECKING:
     from sglang.srt.managers.scheduler import Scheduler
 
 # Rows of every forward of a row-invariant pass, per device type: a shape at which the GEMMs'
-# rows are independent of each other (checked at startup, `row_invariance.check_linears`).
-ROWS_PER_FORWARD = {"cpu": 16}
+# rows are independent of each other (checked at startup, `check_linears`); on CUDA one of
+# SGLang's decode CUDA-graph sizes.
+ROWS_PER_FORWARD = {"cpu": 16, "cuda": 64}
+# Device type -> the decode attention backend whose row-invariant passes have a proof. CUDA's
+# triton path (fixed KV splits inside row passes, `static_kv_splits_hook`) has not run yet: it
+# needs --llm42-allow-unproven-backend until a GPU proof passes.
+PROVEN_ROW_BACKENDS = {"cpu": "torch_native"}
+ROW_PASS_BACKENDS = {"cpu": "torch_native", "cuda": "triton"}
 
 
 def rows_per_forward(device_type: str) -> int | None:
-    """None: the row-invariant verifier is not available on this device (yet)."""
+    """None: the row-invariant verifier is not available on this device."""
     return ROWS_PER_FORWARD.get(device_type)
+
+
+def static_kv_splits_hook(original, backend, num_kv_splits, seq_lens):
+    """AROUND TritonAttnBackend.get_num_kv_splits: inside a row-invariant pass every row gets
+    the backend's maximum number of KV splits, so a row's split (and its attention's bits)
+    depends on its own KV length only; elsewhere SGLang picks splits from the whole batch."""
+    from llm42.core.config import ROW_INVARIANT
+
+    rt = runtime.RUNTIME
+    if runtime.IN_VERIFY_PASS and rt is not None and rt.config.verifier == ROW_INVARIANT:
+        num_kv_splits.fill_(backend.max_kv_splits)
+        return None
+    return original(backend, num_kv_splits, seq_lens)
 
 
 def launch_row_pass(
