@@ -122,11 +122,7 @@ def _forward(scheduler, decode_batch, chunk: list, rows: int, device) -> tuple[t
     batch.out_cache_loc = locs
     batch.prefix_lens = batch.extend_lens = batch.extend_logprob_start_lens = None
     batch.extend_num_tokens = None
-    runtime.IN_VERIFY_PASS = True
-    try:
-        result = scheduler.tp_worker.forward_batch_generation(batch, is_verify=True)
-    finally:
-        runtime.IN_VERIFY_PASS = False
+    result = verifier.forward_pass(scheduler, batch)
     logits = result.logits_output.next_token_logits  # [rows, vocab]
     assert logits.shape[0] == rows, f"row pass logits {tuple(logits.shape)}"
     return logits, bool(result.can_run_cuda_graph)

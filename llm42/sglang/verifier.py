@@ -115,13 +115,7 @@ def launch_pass(
     batch.extend_num_tokens = sum(extend_lens)
     batch.extend_logprob_start_lens = list(extend_lens)
 
-    from llm42.sglang import runtime as rt
-
-    rt.IN_VERIFY_PASS = True
-    try:
-        result = scheduler.tp_worker.forward_batch_generation(batch, is_verify=True)
-    finally:
-        rt.IN_VERIFY_PASS = False
+    result = forward_pass(scheduler, batch)
     logits = result.logits_output.next_token_logits  # [num_tokens, vocab]
     assert logits.shape[0] == len(vpass.rows) * W, f"verify logits {tuple(logits.shape)}"
     entries = [(r, j) for r, row in enumerate(vpass.rows) if not row.is_pad
@@ -132,6 +126,18 @@ def launch_pass(
         picked = logits.index_select(0, index).float()
     return LaunchedPass(vpass, reqs, entries, picked, bool(result.can_run_cuda_graph),
                         time.perf_counter() - t0)
+
+
+def forward_pass(scheduler: Scheduler, batch: ScheduleBatch):
+    """The model's forward over a pass's batch, with every hook in pass mode (fp32 logits for
+    every row, logits for every token, the backends' pass settings); no sampling."""
+    from llm42.sglang import runtime as rt
+
+    rt.IN_VERIFY_PASS = True
+    try:
+        return scheduler.tp_worker.forward_batch_generation(batch, is_verify=True)
+    finally:
+        rt.IN_VERIFY_PASS = False
 
 
 def pass_batch(decode_batch: ScheduleBatch, reqs: list, num_seqs: int) -> ScheduleBatch:
