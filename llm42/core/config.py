@@ -59,7 +59,8 @@ class Llm42Config:
     max_verify_wait: int | None = _setting(
         None, "--llm42-max-verify-wait",
         "Decode steps a full window may wait (decoding on) so that passes fill up with B rows "
-        "instead of padding; 0 verifies every window at once. Default: W / 4.",
+        "instead of padding; 0 verifies every window at once. Default: W / 4 (0 with "
+        "--llm42-verifier row-invariant, whose passes compute no dummy rows).",
         echo_as="verify_wait_steps")
     max_passes_per_step: int = _setting(
         0, "--llm42-max-passes-per-step",
@@ -162,10 +163,11 @@ class Llm42Config:
 
     @property
     def verify_wait_steps(self) -> int:
-        """Decode steps a ready job may wait for a pass to fill up (see planner.select_jobs)."""
+        """Decode steps a ready job may wait for a pass to fill up (see planner.select_jobs).
+        A row-invariant pass computes only its real rows, so waiting fills nothing: 0."""
         if self.max_verify_wait is not None:
             return self.max_verify_wait
-        return self.window_size // 4
+        return 0 if self.verifier == ROW_INVARIANT else self.window_size // 4
 
     def validate(self, context_length: int | None = None) -> None:
         """Raise ``ValueError`` saying which flag is wrong, what was found and what to pass."""

@@ -74,10 +74,12 @@ def _sample_and_decide(rt, scheduler, batch, reqs: list, plan: PassPlan,
     vpass = launched.vpass
     results, seconds, graphed = launched.finish(scheduler)
     observe_pass_path(rt, graphed)
-    rt.stats.observe_pass(vpass.num_real_rows, vpass.num_pad_rows, seconds,
-                          vpass.num_prompt_rows, graphed)
+    # a row-invariant pass computes its real rows only (its planned dummy rows never run)
+    num_pad_rows = 0 if rt.config.verifier == ROW_INVARIANT else vpass.num_pad_rows
+    rt.stats.observe_pass(vpass.num_real_rows, num_pad_rows, seconds, vpass.num_prompt_rows,
+                          graphed)
     if rt.metrics is not None:
-        rt.metrics.observe_pass(vpass.num_real_rows, vpass.num_pad_rows, seconds)
+        rt.metrics.observe_pass(vpass.num_real_rows, num_pad_rows, seconds)
     if runtime.TIMELINE is not None:
         runtime.TIMELINE.observe_pass(vpass.num_real_rows, vpass.num_prompt_rows, seconds)
     for owner, decides, res in zip(plan.owners, plan.decides, results):
