@@ -157,14 +157,17 @@ def test_tp2_restart_reproduces_outputs(tp_server):
 
 
 def test_dp2_replicas_give_the_single_server_outputs(dp_server, inject_server):
-    """A router may send a deterministic request to either replica: twice in a row (SGLang's
-    round robin: once per replica), among normal traffic and batched, every output is bitwise the
-    one `inject_server` (same flags, one TP = 1 process) gives."""
+    """A router may send a deterministic request to either replica: sent to both (SGLang's round
+    robin), among normal traffic and batched, every output is bitwise the one `inject_server`
+    (same flags, one TP = 1 process) gives."""
     url, jobs = dp_server.url, _jobs()
-    refs = [det_request(inject_server.url, p, NEW_TOKENS, **c) for p, _, c in jobs]
+    refs = concurrently([lambda p=p, c=c: det_request(inject_server.url, p, NEW_TOKENS, **c)
+                         for p, _, c in jobs])  # its own outputs do not depend on the load
     for (p, c_id, c), ref in list(zip(jobs, refs))[1:3]:  # a greedy and a seeded request
-        for replica in range(2):
-            assert_same(ref, det_request(url, p, NEW_TOKENS, **c), f"{p!r} {c_id} #{replica}")
+        # two copies at once, nothing else in flight: round robin gives one to each replica
+        pair = concurrently([lambda p=p, c=c: det_request(url, p, NEW_TOKENS, **c)] * 2)
+        for replica, got in enumerate(pair):
+            assert_same(ref, got, f"{p!r} {c_id} #{replica}")
     ledgers = llm42_stats(url)["rank_ledgers"]
     assert sorted(e["dp_rank"] for e in ledgers) == [0, 1], ledgers
     assert all(e["decisions"] > 0 for e in ledgers), f"a replica served nothing: {ledgers}"
