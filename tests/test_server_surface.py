@@ -10,7 +10,7 @@ import sys
 import pytest
 import requests
 
-from conftest import CONTEXT, WINDOW, _llm42_args, _start
+from conftest import CONTEXT, VERIFY_BATCH, WINDOW, _llm42_args, _start
 from helpers import assert_same, concurrently, generate, llm42_stats
 from llm42.server_process import cpu_server_env
 
@@ -254,7 +254,8 @@ def test_benchmark_modes_switch_on_a_running_server(llm42_server):
     try:
         assert _mode(llm42_server, {"inject_mismatch_rate": 1.0}).json() == {
             "success": True, "skip_compare": False, "inject_mismatch_rate": 1.0,
-            "window_size": WINDOW, "max_verify_wait": WINDOW // 4}
+            "window_size": WINDOW, "verify_batch_size": VERIFY_BATCH,
+            "max_verify_wait": WINDOW // 4}
         requests.post(url + "/reset_llm42_stats", timeout=30)
         injected = generate(url, prompt, det=True, max_new_tokens=24)
         stats = requests.get(url + "/llm42_stats", timeout=30).json()
@@ -264,7 +265,8 @@ def test_benchmark_modes_switch_on_a_running_server(llm42_server):
 
         assert _mode(llm42_server, {"inject_mismatch_rate": 0, "skip_compare": True}).json() == {
             "success": True, "skip_compare": True, "inject_mismatch_rate": 0.0,
-            "window_size": WINDOW, "max_verify_wait": WINDOW // 4}
+            "window_size": WINDOW, "verify_batch_size": VERIFY_BATCH,
+            "max_verify_wait": WINDOW // 4}
         requests.post(url + "/reset_llm42_stats", timeout=30)
         generate(url, prompt, det=True, max_new_tokens=24)
         stats = requests.get(url + "/llm42_stats", timeout=30).json()
@@ -284,7 +286,8 @@ def test_benchmark_modes_switch_on_a_running_server(llm42_server):
     ({"window_size": 8.0}, "window_size must be an integer >= 1"),  # a float, even a whole one
     ({"window_size": True}, "window_size must be an integer >= 1"),
     ({"window_size": 2048}, "window_size 2048 refused"),  # over the context length (1024)
-    ({"verify_batch_size": 2}, "'verify_batch_size'"),  # not switchable
+    ({"verify_batch_size": 0}, "verify_batch_size must be an integer >= 1"),
+    ({"max_verify_wait": 2}, "'max_verify_wait'"),  # not switchable
     ([0.5], "JSON object"),
 ])
 def test_benchmark_mode_bad_body_is_400_naming_the_field(llm42_server, body, field):
