@@ -144,21 +144,27 @@ CONFIG_ERRORS = [
     ({"solo_prefill_min_tokens": 512, "batched_prefill": False}, None,
      "drop --no-llm42-batched-prefill"),  # a threshold between two paths, one of them off
     ({"verifier": "exact"}, None, "--llm42-verifier must be one of fixed-shape, row-invariant"),
-    ({"verifier": "row-invariant", "batched_prefill": False}, None,  # prompts need prompt rows
-     "row-invariant verifies every prompt with row-invariant prompt rows"),
-    ({"verifier": "row-invariant", "solo_prefill_min_tokens": 0}, None,
-     "drop --no-llm42-batched-prefill and --llm42-solo-prefill-min-tokens"),
+    ({"prefix_cache": True, "batched_prefill": False}, None,  # fixed-shape: no prompt rows
+     "--llm42-prefix-cache shares prompt KV written by prompt passes"),
 ]
 
 
-def test_row_invariant_verifier_verifies_every_prompt_by_prompt_rows() -> None:
-    """Whatever its length: a solo prefill's KV would depend on the prefill path. Only a request
-    asking for prompt logprobs still prefills alone (the pass gives no prompt logprobs)."""
-    config = Llm42Config(verifier="row-invariant")
-    assert config.solo_prefill_threshold is None
-    assert not config.prefills_alone(100_000, wants_prompt_logprobs=False)
-    assert config.prefills_alone(10, wants_prompt_logprobs=True)
-    assert Llm42Config().prefills_alone(100_000, wants_prompt_logprobs=False)  # fixed-shape
+@pytest.mark.parametrize("kwargs, n, logprobs, alone, verified", [
+    ({}, 100, False, False, True),  # fixed-shape: a short prompt joins a batch, prompt rows
+    ({}, 5000, False, True, False),  # fixed-shape: a long one prefills alone, o_0 final
+    ({"batched_prefill": False}, 100, False, True, False),  # fixed-shape solo prefill
+    ({"verifier": "row-invariant"}, 5000, False, False, True),  # batched whatever its length
+    ({"verifier": "row-invariant", "batched_prefill": False}, 100, False, True, True),  # alone,
+    # then prompt rows all the same: a prefill's KV would depend on the prefill path
+    ({"verifier": "row-invariant", "prefix_cache": True, "batched_prefill": False}, 100, False,
+     True, True),  # so the prefix cache works with solo prefills too
+    ({"verifier": "row-invariant"}, 10, True, True, False),  # prompt logprobs: its prefill's
+])
+def test_prefill_path_and_prompt_verification(kwargs, n, logprobs, alone, verified) -> None:
+    config = Llm42Config(**kwargs)
+    config.validate()
+    assert config.prefills_alone(n, wants_prompt_logprobs=logprobs) is alone
+    assert config.verifies_prompt(n, wants_prompt_logprobs=logprobs) is verified
 
 
 @pytest.mark.parametrize(("kwargs", "context_length", "message"), CONFIG_ERRORS)

@@ -1,8 +1,9 @@
 """`--llm42-verifier row-invariant`: a deterministic request's output depends on the request alone.
 
 Token ids and logprobs, greedy and seeded top-p, bitwise equal across W in {3, 8, 16, 64} and B in
-{1, 2, 4, 32} (switched at runtime), prefix cache on and off, two chunked-prefill sizes, both
-scheduler loops, alone, among normal traffic and batched, through injected rollbacks. The control:
+{1, 2, 4, 32} (switched at runtime), batched and solo prefill, prefix cache on and off, two
+chunked-prefill sizes, both scheduler loops, alone, among normal traffic and batched, through
+injected rollbacks. The control:
 the fixed-shape verifier's logprobs change with W and B on the same requests.
 """
 
@@ -38,9 +39,12 @@ def row_server(tiny_model, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def row_server_apart(tiny_model, tmp_path_factory):
-    """Another layout: W = 16, B = 1, no prefix cache, 64-token chunks, SGLang's normal loop."""
+    """Another layout: W = 16, B = 1, no prefix cache, solo prefills (each deterministic prompt
+    in a batch of its own, then verified by prompt rows), 64-token chunks, SGLang's normal
+    loop."""
     server = _start(tiny_model, _row_args(16, 1, 0.5) + [
-        "--chunked-prefill-size", "64", "--disable-overlap-schedule"],
+        "--no-llm42-batched-prefill", "--chunked-prefill-size", "64",
+        "--disable-overlap-schedule"],
         "row-invariant-apart", tmp_path_factory)
     yield server
     server.stop()
@@ -79,7 +83,7 @@ def test_outputs_depend_on_the_request_alone(row_server, row_server_apart, sampl
     finally:
         _switch(url, 8, 4)
     assert_same(ref, _outputs(row_server_apart.url, prompts, sampling),
-                "W 16, B 1, no prefix cache, other chunks, normal loop")
+                "W 16, B 1, solo prefills, no prefix cache, other chunks, normal loop")
     stats = llm42_stats(url)
     assert stats["rollbacks"] > 0 and stats["verifier"] == "row-invariant"
     wait_idle_and_healthy(row_server)

@@ -146,13 +146,22 @@ class Llm42Config:
         (H200, ArXiv-like prompts, ratio 1.0: 0.80x SGLang's deterministic mode batched, 1.56x
         solo). With the prefix cache every prompt is batched by default, so that long shared
         prefixes are reused."""
-        if self.verifier == ROW_INVARIANT:
-            return None  # prompt rows are row-invariant: every prompt is verified by them
         if not self.batched_prefill:
             return 0
         if self.solo_prefill_min_tokens is None:
-            return None if self.prefix_cache else DEFAULT_SOLO_PREFILL_MIN_TOKENS
+            # row-invariant: a prompt is verified by prompt rows either way, alone buys nothing
+            batched = self.prefix_cache or self.verifier == ROW_INVARIANT
+            return None if batched else DEFAULT_SOLO_PREFILL_MIN_TOKENS
         return self.solo_prefill_min_tokens or None
+
+    def verifies_prompt(self, num_prompt_tokens: int, wants_prompt_logprobs: bool) -> bool:
+        """Whether prompt rows verify a deterministic prompt (its KV and o_0) after its prefill.
+        Fixed-shape: exactly the prompts that do not prefill alone. Row-invariant: every prompt
+        whatever its prefill batch (a prefill's KV would depend on the prefill path), except one
+        asking for prompt logprobs, which come only from its prefill."""
+        if self.verifier == ROW_INVARIANT:
+            return not wants_prompt_logprobs
+        return not self.prefills_alone(num_prompt_tokens, wants_prompt_logprobs)
 
     def prefills_alone(self, num_prompt_tokens: int, wants_prompt_logprobs: bool) -> bool:
         """Whether a deterministic request prefills in a batch of its own instead of being
@@ -204,7 +213,7 @@ class Llm42Config:
                     "--llm42-solo-prefill-min-tokens chooses between solo and batched "
                     "prefill: drop --no-llm42-batched-prefill (which prefills every prompt alone)"
                 )
-        if self.prefix_cache and not self.batched_prefill:
+        if self.prefix_cache and not self.batched_prefill and self.verifier != ROW_INVARIANT:
             raise ValueError(
                 "--llm42-prefix-cache shares prompt KV written by prompt passes: drop "
                 "--no-llm42-batched-prefill"
@@ -212,13 +221,6 @@ class Llm42Config:
         if self.verifier not in VERIFIERS:
             raise ValueError(f"--llm42-verifier must be one of {', '.join(VERIFIERS)}, got "
                              f"{self.verifier!r}")
-        if self.verifier == ROW_INVARIANT and (not self.batched_prefill
-                                               or self.solo_prefill_min_tokens is not None):
-            raise ValueError(
-                "--llm42-verifier row-invariant verifies every prompt with row-invariant prompt "
-                "rows, whatever its length: drop --no-llm42-batched-prefill and "
-                "--llm42-solo-prefill-min-tokens (they choose the prompt path of the "
-                "fixed-shape verifier)")
         if not 0.0 <= self.inject_mismatch_rate <= 1.0:  # also rejects NaN
             raise ValueError(
                 f"--llm42-inject-mismatch-rate must be in [0, 1], got {self.inject_mismatch_rate}"

@@ -4,7 +4,8 @@ next chunk of a chunked deterministic prompt starts.
 With batched prefill (the default) a deterministic prompt joins any batch and a prompt pass
 verifies it later; a long prompt (`--llm42-solo-prefill-min-tokens`), one asking for prompt
 logprobs, or any with `--no-llm42-batched-prefill` prefills alone, so o_0 depends on the request
-only.
+only. With `--llm42-verifier row-invariant` prompt rows verify a prompt that prefilled alone too
+(`Llm42Config.verifies_prompt`): alone then decides only the prefill batch.
 """
 
 from __future__ import annotations
@@ -103,8 +104,9 @@ def _choose_prompt_path(rt, req) -> None:
         return
     wants_prompt_logprobs = req.return_logprob and 0 <= req.logprob_start_len < len(
         req.origin_input_ids)
-    state.verify_prompt = not rt.config.prefills_alone(
-        len(req.origin_input_ids), wants_prompt_logprobs)
+    num_tokens = len(req.origin_input_ids)
+    of(req).prefill_alone = rt.config.prefills_alone(num_tokens, wants_prompt_logprobs)
+    state.verify_prompt = rt.config.verifies_prompt(num_tokens, wants_prompt_logprobs)
     if state.verify_prompt and rt.config.prefix_cache:
         # its prompt KV will be verified
         req.extra_key = prefix_cache.namespace(rt.config, of(req).sglang_extra_key)
@@ -112,8 +114,8 @@ def _choose_prompt_path(rt, req) -> None:
 
 def _prefills_alone(req) -> bool:
     """Deterministic and prefilled in a batch of its own (`_choose_prompt_path` ran on it)."""
-    state = det_state(req) if req is not None else None
-    return state is not None and not state.verify_prompt
+    fields = of(req) if req is not None else None
+    return fields is not None and fields.det is not None and fields.prefill_alone
 
 
 def stash_chunked_hook(original, scheduler, req):

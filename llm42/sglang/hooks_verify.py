@@ -14,7 +14,7 @@ import time
 
 from llm42.core.verify_round import due_jobs, range_is_fixed
 from llm42.sglang import in_flight, runtime, verify_passes
-from llm42.sglang.request_state import det_state
+from llm42.sglang.request_state import det_state, of
 
 
 def decode_result_hook(original, processor, batch, result):
@@ -73,7 +73,8 @@ def _step_kind(batch) -> str | None:
     if batch.forward_mode.is_decode():
         return "decode"
     if batch.forward_mode.is_extend():
-        alone = any((st := det_state(r)) is not None and not st.verify_prompt for r in batch.reqs)
+        alone = any((f := of(r)) is not None and f.det is not None and f.prefill_alone
+                    for r in batch.reqs)
         return "det_prefill" if alone else "prefill"
     return None
 

@@ -36,6 +36,9 @@ class Llm42Req:
     sglang_extra_key: str | None = None
     # Normal request: the seed of its sampling noise, drawn when it is first sampled.
     noise_seed: int | None = None
+    # Deterministic: prefills in a batch of its own (`hooks_prefill`); whether prompt rows then
+    # verify its prompt is `det.verify_prompt`.
+    prefill_alone: bool = False
 
 
 def of(req) -> Llm42Req | None:
