@@ -95,7 +95,8 @@ class Llm42Config:
         None, "--llm42-solo-prefill-min-tokens",
         "With batched prefill: deterministic prompts of this many tokens or more prefill in a "
         "batch of their own instead of being recomputed by prompt passes (cheaper for long "
-        "prompts); 0: every prompt is batched. Default: 1024, or 0 with --llm42-prefix-cache.",
+        "prompts); 0: every prompt is batched. Default: 1024, or 0 with --llm42-prefix-cache or "
+        "--llm42-verifier row-invariant.",
         echo_as="solo_prefill_threshold")
     fp32_logits: bool = _setting(
         True, "--llm42-fp32-logits",
