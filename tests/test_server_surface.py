@@ -354,7 +354,8 @@ def test_window_switch_serves_as_a_server_started_with_that_window(llm42_server,
     try:
         assert _mode(llm42_server, {"window_size": SWITCHED_WINDOW}).json() == {
             "success": True, "skip_compare": False, "inject_mismatch_rate": 0.0,
-            "window_size": SWITCHED_WINDOW, "max_verify_wait": SWITCHED_WINDOW // 4}
+            "window_size": SWITCHED_WINDOW, "verify_batch_size": VERIFY_BATCH,
+            "max_verify_wait": SWITCHED_WINDOW // 4}
         switched = run(url)
         stats = requests.get(url + "/llm42_stats", timeout=30).json()
         assert (stats["window_size"], stats["max_verify_wait"]) == (16, 4), stats

@@ -30,6 +30,7 @@ PUBLISHED_FLAGS = {
     "llm42_timeline_dir": None,
     "llm42_benchmark_modes": False,
     "llm42_fp32_logits": True,
+    "llm42_verifier": "fixed-shape",
     "llm42_allow_unproven_backend": False,
 }
 
@@ -39,7 +40,7 @@ OTHER_VALUES = {
     "skip_compare": True, "max_verify_wait": 3, "max_passes_per_step": 2,
     "defer_verify_on_prefill": True, "overlap_verify": True, "batched_prefill": False,
     "prefix_cache": True, "solo_prefill_min_tokens": 300, "benchmark_modes": True,
-    "fp32_logits": False,
+    "fp32_logits": False, "verifier": "row-invariant",
     "allow_unproven_backend": True,
 }
 
