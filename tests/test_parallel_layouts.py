@@ -105,6 +105,15 @@ def _batched(url, jobs):
     return out
 
 
+
+def _assert_loaded_and_batched(url: str, jobs, refs, what: str) -> None:
+    """Each job among normal traffic, then in one batched call: bitwise its solo output."""
+    loaded = concurrently([lambda p=p, c=c: det_request(url, p, NEW_TOKENS, **c)
+                           for p, _, c in jobs] + background_requests(url, 4))
+    for job, ref, got, got_batched in zip(jobs, refs, loaded, _batched(url, jobs)):
+        assert_same(ref, got, f"{what}among normal traffic {job[:2]}")
+        assert_same(ref, got_batched, f"{what}batched {job[:2]}")
+
 def test_tp2_deterministic_requests_are_bitwise_identical(tp_server):
     """Alone, among concurrent normal traffic (retracted now and then) and in a batched call,
     greedy and seeded, through forced rollbacks, while rank 1's own samples differ from rank
@@ -112,11 +121,7 @@ def test_tp2_deterministic_requests_are_bitwise_identical(tp_server):
     url, jobs = tp_server.url, _jobs()
     before = llm42_stats(url)
     refs = [_tp_solo(url, *job) for job in jobs]
-    loaded = concurrently([lambda p=p, c=c: det_request(url, p, NEW_TOKENS, **c)
-                           for p, _, c in jobs] + background_requests(url, 4))
-    for job, ref, got, got_batched in zip(jobs, refs, loaded, _batched(url, jobs)):
-        assert_same(ref, got, f"among normal traffic {job[:2]}")
-        assert_same(ref, got_batched, f"batched {job[:2]}")
+    _assert_loaded_and_batched(url, jobs, refs, "")
     stats = assert_ranks_agree(url)
     assert stats["rollbacks"] > before["rollbacks"], "no rollback happened"
     assert [e["tp_rank"] for e in stats["rank_ledgers"]] == [0, 1]
@@ -171,10 +176,6 @@ def test_dp2_replicas_give_the_single_server_outputs(dp_server, inject_server):
     ledgers = llm42_stats(url)["rank_ledgers"]
     assert sorted(e["dp_rank"] for e in ledgers) == [0, 1], ledgers
     assert all(e["decisions"] > 0 for e in ledgers), f"a replica served nothing: {ledgers}"
-    loaded = concurrently([lambda p=p, c=c: det_request(url, p, NEW_TOKENS, **c)
-                           for p, _, c in jobs] + background_requests(url, 4))
-    for job, ref, got, got_batched in zip(jobs, refs, loaded, _batched(url, jobs)):
-        assert_same(ref, got, f"replica among normal traffic {job[:2]}")
-        assert_same(ref, got_batched, f"replica batched {job[:2]}")
+    _assert_loaded_and_batched(url, jobs, refs, "replica ")
     stats = llm42_stats(url)
     assert stats["dp_ranks"] == 2 and stats["rollbacks"] > 0, stats

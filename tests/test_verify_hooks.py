@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from llm42.core import DetRequestState, Llm42Config, Llm42Stats, MismatchInjector, decide
+from llm42.core.rank_ledger import DecisionLedger
 from llm42.sglang import hooks_lifecycle, hooks_verify, in_flight, runtime, verify_passes
 from llm42.sglang.request_state import attach
 from llm42.sglang.verifier import RowResult
@@ -66,7 +67,7 @@ def rt(monkeypatch):
         scheduler=scheduler, config=Llm42Config(window_size=W, verify_batch_size=2,
                                                 max_verify_wait=2),
         decode_step=10, stats=Llm42Stats(), metrics=None, vocab_size=50,
-        injector=MismatchInjector(0.0, 0), handled=handled)
+        injector=MismatchInjector(0.0, 0), handled=handled, ledger=DecisionLedger())
     monkeypatch.setattr(runtime, "RUNTIME", fake)
     monkeypatch.setattr(runtime, "TIMELINE", None)
     return fake
