@@ -167,8 +167,10 @@ def recompute_rows(logits_output, det_index: list[int], hidden) -> None:
     if hidden.shape[0] < logits.shape[0] or logits.dtype != torch.float32:
         raise RuntimeError(f"llm42 fp32 logits: {hidden.shape[0]} hidden rows for "
                            f"{tuple(logits.shape)} {logits.dtype} logits")
+    from llm42.sglang.verifier import to_device  # pinned: no host wait on the overlap loop
+
     processor, lm_head = _FWD.head
-    index = torch.tensor(det_index, dtype=torch.int64).to(logits.device, non_blocking=True)
+    index = to_device(det_index, torch.int64, logits.device)
     _FWD.forced = True
     try:
         rows = processor._get_logits(hidden.index_select(0, index), lm_head, None,
