@@ -13,6 +13,7 @@ import pytest
 import requests
 from conftest import CONTEXT, _start, wait_idle_and_healthy
 from helpers import PROMPTS, background_requests, concurrently, generate, llm42_stats
+from helpers import assert_same as assert_same_one
 
 SAMPLINGS = [pytest.param({}, id="greedy"),
              pytest.param({"temperature": 0.8, "seed": 5, "sampling": {"top_p": 0.9}},
@@ -61,10 +62,9 @@ def _outputs(url: str, prompts, sampling: dict):
 
 
 def assert_same(ref: list, got: list, what: str) -> None:
-    """Per prompt, token ids and logprobs bitwise."""
-    for k, ((ref_ids, ref_lps), (ids, lps)) in enumerate(zip(ref, got, strict=True)):
-        assert ids == ref_ids, f"{what}, prompt {k}: token ids differ\n{ref_ids}\n{ids}"
-        assert lps == ref_lps, f"{what}, prompt {k}: logprobs differ (bitwise)"
+    """Per prompt, token ids and logprobs bitwise (`helpers.assert_same` on each)."""
+    for k, (ref_one, got_one) in enumerate(zip(ref, got, strict=True)):
+        assert_same_one(ref_one, got_one, f"{what}, prompt {k}")
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS)

@@ -126,7 +126,7 @@ def model_forward_hook(original, model_runner, forward_batch, *args, **kwargs):
         return original(model_runner, forward_batch, *args, **kwargs)
     det_index, num_rows = deterministic_rows(forward_batch)
     _FWD.all_rows = det_index is not None and (
-        len(det_index) == num_rows or _rows_are_tokens(model_runner, forward_batch))
+        len(det_index) == num_rows or _rows_are_tokens(forward_batch))
     _FWD.computed, _FWD.eager_hidden = False, None
     try:
         out = original(model_runner, forward_batch, *args, **kwargs)
@@ -152,7 +152,7 @@ def deterministic_rows(forward_batch) -> tuple[list[int] | None, int]:
     return index or None, len(flags)
 
 
-def _rows_are_tokens(model_runner, forward_batch) -> bool:
+def _rows_are_tokens(forward_batch) -> bool:
     """The LM head's rows are not one per request (input logprobs of an extend batch: every
     prompt token); then every row gets fp32."""
     return (not forward_batch.forward_mode.is_decode()) and bool(forward_batch.return_logprob)
