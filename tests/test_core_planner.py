@@ -1,4 +1,5 @@
-"""build_row / plan_passes / select_jobs: fixed (B, W) verification shapes, pad rows marked."""
+"""build_row / plan_passes / select_jobs / cap_step_rows: fixed (B, W) verification shapes, pad
+rows marked, and which ready jobs a step verifies."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from llm42.core import (
     VerifyRow,
     build_prompt_rows,
     build_row,
+    cap_step_rows,
     decide,
     num_job_rows,
     plan_passes,
@@ -186,6 +188,60 @@ def test_select_jobs_pass_cap(sizes, waits, max_passes, expected) -> None:
 def test_select_jobs_hold_before_a_prefill(sizes, waits, urgent, expected) -> None:
     assert select_jobs(sizes, waits, urgent, 4, 3, hold=True) == expected
     assert set(expected) <= set(select_jobs(sizes, waits, urgent, 4, 3)), "hold only removes"
+
+
+@pytest.mark.parametrize(
+    ("sizes", "waits", "urgent", "max_rows", "expected"),
+    [  # a size > 1 is a pending prompt (its rows kept together); the budget is in rows
+        ([1] * 5, [0] * 5, [False] * 5, 3, [0, 1, 2]),  # three windows now, two next step
+        ([1] * 4, [0, 2, 1, 0], [False] * 4, 2, [1, 2]),  # the longest waiting first
+        ([1] * 4, [3, 0, 0, 5], [False, False, True, False], 2, [2, 3]),  # finishing first
+        ([1, 1], [0, 0], [True, True], 1, [0]),  # finishing too: the given order breaks ties
+        ([6, 1, 1], [4, 0, 0], [False] * 3, 4, [0]),  # a prompt over the budget runs alone
+        ([1, 6, 1], [1, 4, 0], [False] * 3, 4, [1]),  # ...when it is the most pressing job
+        ([1, 6, 1], [4, 1, 0], [False] * 3, 4, [0, 2]),  # else it waits; smaller jobs fill
+        ([3, 2, 1], [2, 1, 0], [False] * 3, 4, [0, 2]),  # the 2-row prompt does not fit
+        ([1, 3, 1], [2, 0, 5], [False, True, False], 4, [1, 2]),  # the docstring's example
+        ([1] * 3, [0] * 3, [False] * 3, 3, [0, 1, 2]),  # exactly the budget: nothing waits
+        ([], [], [], 2, []),
+    ],
+)
+def test_cap_step_rows(sizes, waits, urgent, max_rows, expected) -> None:
+    chosen = cap_step_rows(sizes, waits, urgent, max_rows)
+    assert chosen == expected
+    rows = sum(sizes[i] for i in chosen)
+    assert rows <= max_rows or len(chosen) == 1, f"{rows} rows over a budget of {max_rows}"
+
+
+def test_cap_step_rows_starves_nothing() -> None:
+    """Two one-row windows become ready every step against a budget of 2 rows, so windows alone
+    fill every step. A 5-row prompt that became ready at step 3, behind that step's windows,
+    runs alone the next step, and no window ever waits more than one step."""
+    waiting: dict[str, tuple[int, int]] = {}  # job -> (rows, step it became ready)
+    ran_at, rows_at = {}, []
+    for step in range(40):
+        waiting.update({f"w{step}a": (1, step), f"w{step}b": (1, step)})
+        if step == 3:
+            waiting["prompt"] = (5, step)
+        names = list(waiting)
+        chosen = cap_step_rows([waiting[n][0] for n in names],
+                               [step - waiting[n][1] for n in names], [False] * len(names), 2)
+        assert chosen, f"step {step}: nothing ran"
+        rows_at.append(sum(waiting[names[i]][0] for i in chosen))
+        for i in chosen:
+            ran_at[names[i]] = step
+            del waiting[names[i]]
+    assert ran_at["prompt"] == 4 and rows_at[4] == 5, "the prompt ran alone, over the budget"
+    assert max(rows_at[:4] + rows_at[5:]) == 2
+    window_waits = [ran_at[n] - int(n[1:-1]) for n in ran_at if n != "prompt"]
+    assert max(window_waits) <= 1, f"a window waited {max(window_waits)} steps"
+
+
+def test_cap_step_rows_misuse_raises() -> None:
+    with pytest.raises(InvariantError, match="2 sizes, 1 waits"):
+        cap_step_rows([1, 1], [0], [False, False], 2)
+    with pytest.raises(InvariantError, match="must be >= 1"):
+        cap_step_rows([1], [0], [False], 0)
 
 
 def test_select_jobs_misuse_raises() -> None:

@@ -23,9 +23,11 @@ from llm42.core import (
     Llm42Stats,
     MismatchInjector,
     VerifyPass,
+    cap_jobs,
     decide_job,
     due_jobs,
     job_rows,
+    num_job_rows,
     plan_round,
     settle,
     withhold_finish,
@@ -110,16 +112,20 @@ def simulate(
     verify_prompt: bool = False,
     max_passes: int = 0,
     hold_rate: float = 0.0,
+    max_rows: int | None = None,
 ):
     """verify_prompt: o_0 comes from a fast-path prefill (wrong at ``error_rate``) and is
-    verified by prompt passes, which run before any window (as in the adapter)."""
+    verified by prompt passes, which run before any window (as in the adapter). max_rows: the
+    row budget of a step (--llm42-max-pass-rows-per-step, row-invariant verifier)."""
     rng = random.Random(seed)
     requests = {
         r.state.rid: r
         for r in (make_request(i, rng, window_size, verify_prompt) for i in range(num_requests))
     }
     config = Llm42Config(window_size=window_size, verify_batch_size=batch_size,
-                         max_verify_wait=max_wait, max_passes_per_step=max_passes)
+                         max_verify_wait=max_wait, max_passes_per_step=max_passes,
+                         max_pass_rows_per_step=max_rows,
+                         verifier="fixed-shape" if max_rows is None else "row-invariant")
     injector = MismatchInjector(rate=inject_rate, seed=seed)
     stats = Llm42Stats()
     for request in requests.values():  # solo prefill: o_0 right and verified; else a candidate
@@ -139,7 +145,10 @@ def simulate(
         waiting = [r for r in active if r.state.is_ready]
         chosen = due_jobs([r.state for r in waiting], step, config,
                           hold=prefills.random() < hold_rate)
+        chosen, _ = cap_jobs([r.state for r in waiting], chosen, step, config)
         ready = [waiting[i] for i in chosen]
+        rows = sum(num_job_rows(r.state) for r in ready)
+        assert max_rows is None or rows <= max_rows or len(ready) == 1, f"{rows} rows"
         # 2. Fast path: every active request not being verified and not finishing decodes.
         for request in active:
             if request in ready or request.state.is_finishing:
@@ -191,6 +200,7 @@ SIMULATIONS = st.fixed_dictionaries({
     "verify_prompt": st.booleans(),
     "max_passes": st.integers(0, 2),
     "hold_rate": st.sampled_from([0.0, 0.5, 1.0]),
+    "max_rows": st.sampled_from([None, 1, 2, 5]),
 })
 
 
@@ -249,3 +259,16 @@ def test_waiting_for_full_passes_saves_padding() -> None:
     assert patient.snapshot()["padded_rows"] < eager.snapshot()["padded_rows"]
     for rid, request in eager_requests.items():
         assert patient_requests[rid].output_ids == request.output_ids == request.reference
+
+
+def test_a_row_budget_spreads_the_passes_and_keeps_the_tokens() -> None:
+    """One row per step: the same tokens, in more passes (one real row each)."""
+    common = dict(seed=4, window_size=4, batch_size=4, num_requests=5, error_rate=0.1,
+                  inject_rate=0.0, max_wait=0)
+    free_requests, free = simulate(**common)
+    capped_requests, capped = simulate(max_rows=1, **common)
+    free_snap, capped_snap = free.snapshot(), capped.snapshot()
+    assert capped_snap["verify_passes"] > free_snap["verify_passes"]
+    assert capped_snap["verify_passes"] == capped_snap["verify_rows"], "one row per pass"
+    for rid, request in free_requests.items():
+        assert capped_requests[rid].output_ids == request.output_ids == request.reference

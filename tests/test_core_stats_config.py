@@ -31,6 +31,8 @@ SNAPSHOT_KEYS = {
     "early_results",
     "overlapped_passes",
     "drain_time_s",
+    "row_capped_steps",
+    "row_cap_deferred_jobs",
     "schedule_time_s",
     "batch_build_time_s",
     "steps_decode", "steps_prefill", "steps_det_prefill",
@@ -65,6 +67,9 @@ def test_stats_arithmetic() -> None:
     stats.observe_schedule(1.0, 0.25)
     stats.observe_schedule(0.5)
     stats.observe_overlapped_passes(2)
+    stats.observe_row_cap(3)  # a step that held three jobs back
+    stats.observe_row_cap(0)  # a step within its budget
+    stats.observe_row_cap(1)
     stats.observe_step("decode", 0.125)
     stats.observe_step("decode", 0.25)
     stats.observe_step("det_prefill", 0.5)
@@ -94,6 +99,8 @@ def test_stats_arithmetic() -> None:
         "early_results": 2,
         "overlapped_passes": 2,
         "drain_time_s": 0.0625,
+        "row_capped_steps": 2,
+        "row_cap_deferred_jobs": 4,
         "schedule_time_s": 1.5,
         "batch_build_time_s": 0.25,
         "steps_decode": 2, "steps_prefill": 0, "steps_det_prefill": 1,
@@ -141,6 +148,13 @@ CONFIG_ERRORS = [
     ({"window_size": 8, "max_verify_wait": 8}, None, "got 8 with --llm42-window-size 8"),
     ({"solo_prefill_min_tokens": -1}, None, "--llm42-solo-prefill-min-tokens must be >= 0"),
     ({"max_passes_per_step": -1}, None, "--llm42-max-passes-per-step must be >= 0"),
+    ({"verifier": "row-invariant", "max_pass_rows_per_step": 0}, None,  # an empty budget
+     "--llm42-max-pass-rows-per-step must be >= 1 (leave it out for no cap), got 0"),
+    ({"max_pass_rows_per_step": 4}, None,  # a fixed-shape pass costs B x W rows: refused...
+     "--llm42-max-pass-rows-per-step needs --llm42-verifier row-invariant, got --llm42-verifier "
+     "fixed-shape"),
+    ({"max_pass_rows_per_step": 4}, None,  # ...with a pointer to the pass cap
+     "cap its passes with --llm42-max-passes-per-step instead"),
     ({"solo_prefill_min_tokens": 512, "batched_prefill": False}, None,
      "drop --no-llm42-batched-prefill"),  # a threshold between two paths, one of them off
     ({"verifier": "exact"}, None, "--llm42-verifier must be one of fixed-shape, row-invariant"),

@@ -12,6 +12,7 @@ from llm42.core import (
     DetRequestState,
     Llm42Config,
     MismatchInjector,
+    cap_jobs,
     decide_job,
     due_jobs,
     job_rows,
@@ -49,6 +50,37 @@ def test_due_jobs_counts_waits_from_the_first_step_a_job_was_seen_ready():
     assert due_jobs([state], 10, config) == [] and state.ready_since_step == 10
     assert due_jobs([state], 12, config) == [] and state.ready_since_step == 10, "kept"
     assert due_jobs([state], 13, config) == [0], "waited max_verify_wait steps"
+
+
+def test_cap_jobs_holds_the_rest_of_a_step_back_for_the_next():
+    """--llm42-max-pass-rows-per-step 2 (row-invariant): two windows, a 2-row prompt and a
+    finishing window ready at step 5. The finishing window and the first window take the
+    budget; the others wait, keep their stamps and go first at the next steps, ahead of the
+    windows that become ready after them."""
+    config = Llm42Config(window_size=W, verifier="row-invariant", max_pass_rows_per_step=2)
+    w = [replace(make_state(W, 1, 5), rid=f"w{i}") for i in range(4)]
+    states = [w[0], _prompt_state("p", 2 * W), w[1],
+              replace(make_state(W, 1, 5, finishing=True), rid="f")]
+    chosen = due_jobs(states, 5, config)
+    assert sorted(chosen) == [0, 1, 2, 3], "row-invariant: every ready job is due at once"
+    assert cap_jobs(states, chosen, 5, config) == ([3, 0], [1, 2]), "finishing first"
+    for step, ready, ran, held in [
+        (6, [states[1], w[1], w[2]], ["p"], ["w1", "w2"]),  # waited 1 step: prompt, w1
+        (7, [w[1], w[2], w[3]], ["w1", "w2"], ["w3"]),  # w1 waited 2 steps, w2 1, w3 0
+    ]:
+        run, later = cap_jobs(ready, due_jobs(ready, step, config), step, config)
+        assert ([ready[i].rid for i in run], [ready[i].rid for i in later]) == (ran, held), step
+    assert [s.ready_since_step for s in w] == [5, 5, 6, 7], "a held job keeps its stamp"
+
+
+def test_cap_jobs_without_a_cap_or_over_it():
+    states = [replace(make_state(W, 1, 5), rid=f"w{i}") for i in range(3)]
+    no_cap = Llm42Config(window_size=W, verifier="row-invariant")
+    assert cap_jobs(states, [2, 0, 1], 0, no_cap) == ([2, 0, 1], []), "chosen as it is"
+    prompt = _prompt_state("p", 3 * W)  # 3 rows against a budget of 2: runs alone
+    capped = replace(no_cap, max_pass_rows_per_step=2)
+    assert cap_jobs([prompt, *states], due_jobs([prompt, *states], 0, capped), 0, capped) == (
+        [0], [1, 2, 3])
 
 
 def test_decide_job_plants_the_injected_mismatch_in_a_copy():

@@ -2,8 +2,8 @@
 
 Token ids and logprobs, greedy and seeded top-p, bitwise equal across W in {3, 8, 16, 64} and B in
 {1, 2, 4, 32} (switched at runtime), batched and solo prefill, prefix cache on and off, two
-chunked-prefill sizes, both scheduler loops, alone, among normal traffic and batched, through
-injected rollbacks. The control:
+chunked-prefill sizes, both scheduler loops, a row budget per step and none, alone, among normal
+traffic and batched, through injected rollbacks. The control:
 the fixed-shape verifier's logprobs change with W and B on the same requests.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import requests
+from benchmarks.timeline import load_segments
 from conftest import CONTEXT, _start, wait_idle_and_healthy
 from helpers import PROMPTS, background_requests, concurrently, generate, llm42_stats
 from helpers import assert_same as assert_same_one
@@ -19,6 +20,7 @@ SAMPLINGS = [pytest.param({}, id="greedy"),
              pytest.param({"temperature": 0.8, "seed": 5, "sampling": {"top_p": 0.9}},
                           id="top_p-seeded")]
 SHAPES = [(16, 32), (3, 1), (64, 2)]  # (W, B) switched in after the server's own (8, 4)
+ROW_BUDGET = 2  # row_server's --llm42-max-pass-rows-per-step (row_server_apart: no budget)
 
 
 def _row_args(window: int, batch: int, rate: float) -> list[str]:
@@ -30,10 +32,13 @@ def _row_args(window: int, batch: int, rate: float) -> list[str]:
 
 @pytest.fixture(scope="module")
 def row_server(tiny_model, tmp_path_factory):
-    """W = 8, B = 4, prefix cache, 32-token prefill chunks, overlap loop; W and B switchable."""
+    """W = 8, B = 4, prefix cache, 32-token prefill chunks, overlap loop, at most ROW_BUDGET
+    rows verified per step (its step timeline recorded); W and B switchable."""
+    timeline = tmp_path_factory.mktemp("row-invariant-timeline")
     server = _start(tiny_model, _row_args(8, 4, 0.3) + [
-        "--llm42-prefix-cache", "--chunked-prefill-size", "32", "--llm42-benchmark-modes"],
-        "row-invariant", tmp_path_factory)
+        "--llm42-prefix-cache", "--chunked-prefill-size", "32", "--llm42-benchmark-modes",
+        "--llm42-max-pass-rows-per-step", str(ROW_BUDGET), "--llm42-timeline-dir",
+        str(timeline)], "row-invariant", tmp_path_factory)
     yield server
     server.stop()
 
@@ -106,6 +111,26 @@ def test_prefix_cache_hits_give_the_bits_of_misses_across_windows(row_server, ro
     assert_same(miss, hit, "prefix-cache hit at W 16 vs miss at W 8")
     assert_same(miss, _outputs(row_server_apart.url, [prompt], {}), "server without the cache")
     wait_idle_and_healthy(row_server)
+
+
+def test_a_row_budget_holds_jobs_back_and_changes_no_output(row_server, row_server_apart):
+    """Six deterministic requests in one batch: their prompts, then their windows, are ready in
+    the same steps. row_server verifies at most ROW_BUDGET rows a step, so it holds jobs back
+    to later steps (stats), and no step of its timeline verified more, except a prompt alone;
+    the outputs are bitwise those of row_server_apart, which has no budget."""
+    url, prompts = row_server.url, PROMPTS[:6]
+    before = llm42_stats(url)
+    got = _outputs(url, prompts, {})
+    assert_same(_outputs(row_server_apart.url, prompts, {}), got, "budget of 2 rows vs none")
+    wait_idle_and_healthy(row_server)  # idle: the step timeline is flushed
+    after = llm42_stats(url)
+    assert after["max_pass_rows_per_step"] == ROW_BUDGET, after
+    assert after["row_cap_deferred_jobs"] > before["row_cap_deferred_jobs"], after
+    assert after["row_capped_steps"] > before["row_capped_steps"], after
+    steps = [r for segment in load_segments(after["timeline"]) for r in segment if r["rows"]]
+    over = [r for r in steps if r["rows"] > ROW_BUDGET and r["rows"] != r["prompt_rows"]]
+    assert not over, f"steps over the budget of {ROW_BUDGET} rows with windows in them: {over}"
+    assert any(r["rows"] == ROW_BUDGET for r in steps), "the budget was never used in full"
 
 
 def test_the_fixed_shape_verifier_is_the_control(llm42_server):

@@ -34,7 +34,8 @@ FLAGS = ("--enable-llm42", "--llm42-window-size", "--llm42-verify-batch-size",
          "--llm42-inject-mismatch-rate", "--llm42-skip-compare", "--llm42-max-verify-wait",
          "--llm42-batched-prefill", "--no-llm42-batched-prefill",
          "--llm42-solo-prefill-min-tokens", "--llm42-timeline-dir",
-         "--llm42-max-passes-per-step", "--llm42-defer-verify-on-prefill",
+         "--llm42-max-passes-per-step", "--llm42-max-pass-rows-per-step",
+         "--llm42-defer-verify-on-prefill",
          "--llm42-overlap-verify", "--llm42-benchmark-modes",
          "--llm42-allow-unproven-backend")
 BAD_FLAGS = [
@@ -49,6 +50,10 @@ BAD_FLAGS = [
      "--no-llm42-batched-prefill"),  # prefix sharing needs prompt passes
     (["--llm42-solo-prefill-min-tokens", "-1"], "--llm42-solo-prefill-min-tokens"),
     (["--llm42-max-passes-per-step", "-2"], "--llm42-max-passes-per-step"),
+    (["--llm42-verifier", "row-invariant", "--llm42-max-pass-rows-per-step", "0"],
+     "--llm42-max-pass-rows-per-step must be >= 1"),  # an empty row budget
+    (["--llm42-max-pass-rows-per-step", "4"],  # fixed-shape: a pass costs B x W rows anyway
+     "cap its passes with --llm42-max-passes-per-step"),
     (["--no-llm42-batched-prefill", "--llm42-solo-prefill-min-tokens", "512"],
      "--no-llm42-batched-prefill"),  # a threshold between paths, with one path left
 ]

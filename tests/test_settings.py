@@ -22,6 +22,7 @@ PUBLISHED_FLAGS = {
     "llm42_skip_compare": False,
     "llm42_max_verify_wait": None,
     "llm42_max_passes_per_step": 0,
+    "llm42_max_pass_rows_per_step": None,
     "llm42_defer_verify_on_prefill": False,
     "llm42_overlap_verify": False,
     "llm42_batched_prefill": True,
@@ -38,6 +39,7 @@ PUBLISHED_FLAGS = {
 OTHER_VALUES = {
     "window_size": 64, "verify_batch_size": 2, "inject_mismatch_rate": 0.25,
     "skip_compare": True, "max_verify_wait": 3, "max_passes_per_step": 2,
+    "max_pass_rows_per_step": 3,
     "defer_verify_on_prefill": True, "overlap_verify": True, "batched_prefill": False,
     "prefix_cache": True, "solo_prefill_min_tokens": 300, "benchmark_modes": True,
     "fp32_logits": False, "verifier": "row-invariant",

@@ -67,6 +67,13 @@ class Llm42Config:
         "At most this many verification passes per scheduler step, so that a burst of due "
         "windows is spread over several decode steps instead of stalling one (jobs that waited "
         "2 x the max verify wait + 1 steps run regardless); 0: no cap (default).")
+    max_pass_rows_per_step: int | None = _setting(
+        None, "--llm42-max-pass-rows-per-step",
+        "With --llm42-verifier row-invariant: verify at most this many rows (a decode window, "
+        "or up to W prompt tokens, each) per scheduler step, a latency budget so that no pass "
+        "stalls the batch for more than one step. The most pressing jobs run first (finishing "
+        "requests, then the longest waiting), the others wait for the next step; a prompt of "
+        "more rows runs alone. Outputs unchanged. Default: no cap.")
     defer_verify_on_prefill: bool = _setting(
         False, "--llm42-defer-verify-on-prefill",
         "Hold verification passes back in scheduler steps that are about to prefill (a waiting "
@@ -222,9 +229,32 @@ class Llm42Config:
         if self.verifier not in VERIFIERS:
             raise ValueError(f"--llm42-verifier must be one of {', '.join(VERIFIERS)}, got "
                              f"{self.verifier!r}")
+        if self.max_pass_rows_per_step is not None:
+            self._validate_row_cap()
         if not 0.0 <= self.inject_mismatch_rate <= 1.0:  # also rejects NaN
             raise ValueError(
                 f"--llm42-inject-mismatch-rate must be in [0, 1], got {self.inject_mismatch_rate}"
+            )
+
+    def _validate_row_cap(self) -> None:
+        """--llm42-max-pass-rows-per-step: >= 1, and only with the row-invariant verifier.
+
+        Under fixed-shape verification a cap would not change outputs either (a row's bits do
+        not depend on the pass it shares, and delaying a job only delays its decision, as
+        --llm42-max-passes-per-step does), but it would not bound anything useful: a fixed-shape
+        pass costs B x W rows however many are real, so a cap below B only adds padded passes,
+        and a cap of k x B rows is --llm42-max-passes-per-step k. Refused there, with a pointer
+        to that flag. A row-invariant pass computes only its real rows, so rows are its cost."""
+        if self.max_pass_rows_per_step < 1:
+            raise ValueError(
+                f"--llm42-max-pass-rows-per-step must be >= 1 (leave it out for no cap), got "
+                f"{self.max_pass_rows_per_step}"
+            )
+        if self.verifier != ROW_INVARIANT:
+            raise ValueError(
+                f"--llm42-max-pass-rows-per-step needs --llm42-verifier {ROW_INVARIANT}, got "
+                f"--llm42-verifier {self.verifier}: a {self.verifier} pass costs B x W rows "
+                "however many are real; cap its passes with --llm42-max-passes-per-step instead"
             )
 
 

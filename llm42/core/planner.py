@@ -223,6 +223,37 @@ def select_jobs(
     return chosen
 
 
+def cap_step_rows(sizes: Sequence[int], waits: Sequence[int], urgent: Sequence[bool],
+                  max_rows: int) -> list[int]:
+    """Of the jobs one step would verify, those within a budget of ``max_rows`` rows
+    (``--llm42-max-pass-rows-per-step``), as indices, most pressing first: finishing jobs (a
+    request's end waits on them), then the longest waiting, then the given order.
+
+    Valid for row-invariant passes only, where a row's bits do not depend on the rows beside it
+    and a pass costs its real rows: the step's work may then be cut anywhere. Jobs are taken in
+    that order while they fit; one that does not fit waits for a later step, and smaller ones
+    behind it may still use the budget. The most pressing job always runs, alone when it is
+    larger than the budget (a long prompt, kept together as in ``select_jobs``), so a step
+    verifies something whenever a job is due. No job waits behind the cap for ever: only
+    finishing jobs and jobs that waited longer go ahead of it, and its wait grows each step.
+
+        sizes [1, 3, 1], waits [2, 0, 5], urgent [F, T, F], max_rows 4 -> [1, 2]  (3 + 1 rows)
+    """
+    if not len(sizes) == len(waits) == len(urgent):
+        raise InvariantError(
+            f"{len(sizes)} sizes, {len(waits)} waits and {len(urgent)} urgency flags"
+        )
+    if max_rows < 1 or any(size < 1 for size in sizes):
+        raise InvariantError(f"row budget {max_rows} and job sizes {list(sizes)} must be >= 1")
+    order = sorted(range(len(sizes)), key=lambda i: (not urgent[i], -waits[i], i))
+    chosen, used = [], 0
+    for i in order:
+        if used + sizes[i] <= max_rows or not chosen:
+            chosen.append(i)
+            used += sizes[i]
+    return chosen
+
+
 def plan_passes(rows: Sequence[VerifyRow], batch_size: int, window_size: int) -> list[VerifyPass]:
     """Split ``rows`` in order into passes of ``batch_size``; pad the last one with dummy rows."""
     if batch_size < 1 or window_size < 1:

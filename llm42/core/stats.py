@@ -76,6 +76,10 @@ class Llm42Stats:
     early_results: int = 0  # overlap loop: in-flight results processed early so a pass could run
     overlapped_passes: int = 0  # passes queued before that result was processed (overlap_verify)
     drain_time_s: float = 0.0  # waiting for and processing those early results
+    # --llm42-max-pass-rows-per-step: steps whose row budget held due jobs back, and those jobs
+    # (a job held back over three steps counts three times).
+    row_capped_steps: int = 0
+    row_cap_deferred_jobs: int = 0
     # Time inside the scheduler's next-batch step, between the iterations the step profile
     # counts: verification passes, the results drained for them, SGLang building the batch.
     schedule_time_s: float = 0.0
@@ -132,6 +136,11 @@ class Llm42Stats:
     def observe_overlapped_passes(self, num_passes: int) -> None:
         self.overlapped_passes += num_passes
 
+    def observe_row_cap(self, num_deferred_jobs: int) -> None:
+        """A step's round ran with `num_deferred_jobs` due jobs held back by the row budget."""
+        self.row_capped_steps += int(num_deferred_jobs > 0)
+        self.row_cap_deferred_jobs += num_deferred_jobs
+
     def observe_step(self, kind: str, seconds: float) -> None:
         self.steps[kind] += 1
         self.step_time_s[kind] += seconds
@@ -160,6 +169,8 @@ class Llm42Stats:
             "early_results": self.early_results,
             "overlapped_passes": self.overlapped_passes,
             "drain_time_s": self.drain_time_s,
+            "row_capped_steps": self.row_capped_steps,
+            "row_cap_deferred_jobs": self.row_cap_deferred_jobs,
             "schedule_time_s": self.schedule_time_s,
             "batch_build_time_s": self.batch_build_time_s,
             **{f"steps_{k}": v for k, v in self.steps.items()},

@@ -4,6 +4,7 @@ of a deferred finish. Only running the passes on the model and editing the engin
 and KV stay in the adapter (`llm42.sglang.verify_passes`).
 
     chosen = due_jobs(states, step, config)                   # stamps readiness, picks jobs
+    chosen, later = cap_jobs(states, chosen, step, config)    # the step's row budget, if any
     for plan in plan_round([job_rows(s, prompt, out) for s in jobs], B, W): ... run the pass
     decision = decide_job(state, output_ids, verifier_ids, injector, vocab_size)
     ... truncate / correct the token list and KV to match the decision ...
@@ -23,6 +24,7 @@ from llm42.core.planner import (
     VerifyRow,
     build_prompt_rows,
     build_row,
+    cap_step_rows,
     num_job_rows,
     plan_passes,
     select_jobs,
@@ -43,6 +45,22 @@ def due_jobs(states: Sequence[DetRequestState], step: int, config: Llm42Config,
                        [s.is_finishing for s in states],
                        config.verify_batch_size, config.verify_wait_steps,
                        config.max_passes_per_step, hold)
+
+
+def cap_jobs(states: Sequence[DetRequestState], chosen: Sequence[int], step: int,
+             config: Llm42Config) -> tuple[list[int], list[int]]:
+    """`chosen` (`due_jobs`' indices into `states`) cut to the step's row budget,
+    `--llm42-max-pass-rows-per-step` (`planner.cap_step_rows`): the indices to verify now, most
+    pressing first, and those deferred to a later step (still ready, their waits kept, so they
+    come first then). Without a cap, `chosen` as it is and nothing deferred."""
+    if config.max_pass_rows_per_step is None:
+        return list(chosen), []
+    picked = cap_step_rows([num_job_rows(states[i]) for i in chosen],
+                           [step - states[i].ready_since_step for i in chosen],
+                           [states[i].is_finishing for i in chosen],
+                           config.max_pass_rows_per_step)
+    run = [chosen[k] for k in picked]
+    return run, [i for i in chosen if i not in run]
 
 
 def range_is_fixed(state: DetRequestState) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from llm42.core.verify_round import due_jobs, range_is_fixed
+from llm42.core.verify_round import cap_jobs, due_jobs, range_is_fixed
 from llm42.sglang import in_flight, runtime, verify_passes
 from llm42.sglang.request_state import det_state, of
 
@@ -29,7 +29,8 @@ def next_batch_hook(original, scheduler, running_batch, last_batch):
 
     A full window or a fast-path prompt waits (decoding on) until B rows fill a pass, it has
     waited `verify_wait_steps` decode steps, or a finish depends on it (`planner.select_jobs`;
-    `--llm42-max-passes-per-step` spreads bursts over several steps)."""
+    `--llm42-max-passes-per-step` and `--llm42-max-pass-rows-per-step` spread bursts over
+    several steps)."""
     rt, timeline = runtime.RUNTIME, runtime.TIMELINE
     if rt is None and timeline is None:
         return original(scheduler, running_batch, last_batch)
@@ -81,7 +82,8 @@ def _step_kind(batch) -> str | None:
 
 def verify_due(rt, scheduler, batch) -> None:
     """Verification rounds over the running batch's ready jobs until none is due (one round per
-    step under `--llm42-max-passes-per-step`); then stream what they verified.
+    step under `--llm42-max-passes-per-step` or `--llm42-max-pass-rows-per-step`, whose row
+    budget `cap_jobs` applies); then stream what they verified.
 
     A round needs the in-flight result processed first: it may append candidates to, or finish,
     the chosen jobs. With `--llm42-overlap-verify` a round whose every job's compared range is
@@ -89,10 +91,13 @@ def verify_due(rt, scheduler, batch) -> None:
     cfg = rt.config
     hold = cfg.defer_verify_on_prefill and _prefill_coming(scheduler, batch)
     touched, drained = [], False
-    while not (touched and cfg.max_passes_per_step):  # under a pass cap: one round per step
+    capped = cfg.max_passes_per_step or cfg.max_pass_rows_per_step is not None
+    while not (touched and capped):  # under a pass or row cap: one round per step
         ready = [r for r in batch.reqs
                  if (st := det_state(r)) is not None and not r.finished() and st.is_ready]
-        chosen = due_jobs([det_state(r) for r in ready], rt.decode_step, cfg, hold)
+        states = [det_state(r) for r in ready]
+        chosen, deferred = cap_jobs(states, due_jobs(states, rt.decode_step, cfg, hold),
+                                    rt.decode_step, cfg)
         if not chosen:
             break
         jobs = [ready[i] for i in chosen]
@@ -103,6 +108,8 @@ def verify_due(rt, scheduler, batch) -> None:
             if not overlap:
                 in_flight.drain(scheduler)
                 continue  # the in-flight result changed the candidates: choose again
+        if cfg.max_pass_rows_per_step is not None:
+            rt.stats.observe_row_cap(len(deferred))
         verify_passes.run_round(rt, scheduler, batch, jobs, overlap)
         touched += [r for r in jobs if not any(r is t for t in touched)]
     if touched:
