@@ -44,6 +44,7 @@ from llm42.sglang import det_rows, runtime
 
 logger = logging.getLogger(__name__)
 _ENABLED: bool | None = None
+_SPECULATIVE = False  # set with _ENABLED (see `_fast_path_forward`)
 _MM_OUT_DTYPE: dict[str, bool] = {}  # device type -> torch.mm(out_dtype=...) works there
 _DEFAULT_GRAPH_ROWS = 1024  # graph buffer rows when SGLang's decode graph size is unknown
 # Test / proof runs: check on the device, without a sync, that each recomputed row is the row
@@ -67,15 +68,30 @@ _GRAPH_HIDDEN: torch.Tensor | None = None  # [capacity, H] written by every deco
 
 
 def enabled() -> bool:
-    global _ENABLED
+    global _ENABLED, _SPECULATIVE
     if _ENABLED is None:
         from sglang.srt.runtime_context import get_server_args
 
+        from llm42.sglang import speculation
         from llm42.sglang.server_args import config_from_server_args
 
-        config = config_from_server_args(get_server_args())
+        server_args = get_server_args()
+        config = config_from_server_args(server_args)
         _ENABLED = config is not None and config.fp32_logits
+        _SPECULATIVE = speculation.is_speculative(server_args)
     return _ENABLED
+
+
+def _fast_path_forward(model_runner, forward_batch) -> bool:
+    """Whether a fast-path forward gives its deterministic rows fp32 logits. On a speculative
+    server only the target's prefills do (a solo prefill's o_0 is verified as it is made): its
+    verify steps may replay a CUDA graph of draft-token rows and its draft model shares the LM
+    head hook, so their candidates keep bf16 (more rollbacks, same outputs)."""
+    if not _SPECULATIVE:
+        return True
+    mode = forward_batch.forward_mode
+    return (not getattr(model_runner, "is_draft_worker", False) and mode.is_extend()
+            and not mode.is_target_verify())
 
 
 def fp32_matmul(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -107,6 +123,8 @@ def compute_lm_head_hook(original, processor, hidden_states, lm_head, embedding_
     if runtime.IN_VERIFY_PASS or _FWD.forced:
         return fp32_matmul(hidden_states, lm_head.weight)
     if hidden_states.is_cuda and torch.cuda.is_current_stream_capturing():
+        if _SPECULATIVE:  # graphs of verify steps and draft models (`_fast_path_forward`)
+            return original(processor, hidden_states, lm_head, embedding_bias)
         _graph_buffer(hidden_states)[: hidden_states.shape[0]].copy_(hidden_states)
     elif _FWD.all_rows:
         _FWD.computed = True
@@ -120,6 +138,7 @@ def model_forward_hook(original, model_runner, forward_batch, *args, **kwargs):
     """AROUND ModelRunner.forward: decide which rows get fp32 logits, run the forward, then
     recompute the deterministic rows' logits in fp32 (see the module docstring)."""
     if (not enabled() or runtime.IN_VERIFY_PASS
+            or not _fast_path_forward(model_runner, forward_batch)
             or getattr(model_runner.server_args, "enable_dp_attention", False)):
         # DP attention gathers other ranks' rows into the LM head: its deterministic rows keep
         # bf16 on the fast path (more rollbacks, same outputs: passes stay fp32)

@@ -7,7 +7,14 @@ from __future__ import annotations
 from llm42.core.config import ROW_INVARIANT
 from llm42.core.verify_round import withhold_finish
 from llm42.core.window import DetRequestState
-from llm42.sglang import backend_gate, kv_rollback, prefill_faults, row_pass, runtime
+from llm42.sglang import (
+    backend_gate,
+    kv_rollback,
+    prefill_faults,
+    row_pass,
+    runtime,
+    speculation,
+)
 from llm42.sglang.keys import META_KEYS
 from llm42.sglang.request_fields import is_deterministic_params
 from llm42.sglang.request_state import attach, det_state, of
@@ -29,8 +36,12 @@ def scheduler_init_hook(result, scheduler, *args, **kwargs):
     page_size = getattr(scheduler, "page_size", 1)
     if page_size != 1:
         raise ValueError(f"llm42 supports --page-size 1 only (got {page_size}).")
-    if not scheduler.spec_algorithm.is_none():
-        raise ValueError("llm42 cannot be combined with speculative decoding.")
+    refusal = speculation.check_server_args(scheduler.server_args)
+    if refusal:
+        raise ValueError(refusal)
+    if speculation.is_speculative(scheduler.server_args) and scheduler.enable_overlap:
+        raise ValueError("llm42 with speculative decoding needs --disable-overlap-schedule "
+                         "(the launcher sets it)")
     # Checked at launch already (server_args.from_cli_args_hook); again here for any path that
     # builds the server args otherwise, and for the backend the stats report.
     verdict = backend_gate.check_server_args(
@@ -126,8 +137,11 @@ def update_finish_state_hook(original, req, new_accepted_len: int = 1):
         # Overlap loop: the batch launched before the finish was seen decoded one token past it.
         kv_rollback.truncate_output(sched, req, state.num_output_tokens, sched.running_batch)
         return
-    _sync_new_tokens(state, req)
     original(req, new_accepted_len)
+    past = speculation.past_stop(req)
+    if past:  # a speculative step accepted tokens beyond the stop: never candidates
+        kv_rollback.truncate_output(sched, req, len(req.output_ids) - past, sched.running_batch)
+    _sync_new_tokens(state, req)
     if req.finished() and withhold_finish(state, (req.finished_reason, req.finished_len)):
         req.finished_reason, req.finished_len = None, None
 

@@ -16,13 +16,17 @@ becomes the new last token.
 An abort can also be processed while the overlap loop already built the next batch, which
 allocated one more slot (`kv_committed_len == P + n`); truncation frees up to
 `kv_committed_len`, so that slot is freed with the others and nothing is freed twice.
+
+Speculative decoding keeps the same committed length but allocates a tail for the drafts
+beyond it (`kv_allocated_len > kv_committed_len`, freed by SGLang only at the finish); a
+truncation frees that tail with the rest, and the next step allocates a new one.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from llm42.sglang import grammar_replay, penalty_rewind
+from llm42.sglang import grammar_replay, penalty_rewind, speculation
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
@@ -50,14 +54,17 @@ def truncate_output(
     if req.req_pool_idx is not None and req.kv is not None:
         prompt_len = len(req.origin_input_ids)
         row = scheduler.req_to_token_pool.req_to_token[req.req_pool_idx]
-        start, end = prompt_len + new_len - 1, req.kv_committed_len
+        start = prompt_len + new_len - 1
+        end = max(req.kv_committed_len, req.kv.kv_allocated_len)  # a speculative draft tail too
         if end > start:
             scheduler.token_to_kv_pool_allocator.free(row[start:end].to(torch_long()))
-            req.kv_committed_len -= end - start
-            req.kv.kv_allocated_len -= end - start
-            req.decode_batch_idx = max(0, req.decode_batch_idx - (end - start))
+            req.kv.kv_allocated_len = start
+        dropped = req.kv_committed_len - start
+        if dropped > 0:
+            req.kv_committed_len = start
+            req.decode_batch_idx = max(0, req.decode_batch_idx - dropped)
             if batch is not None:
-                _shrink_batch_row(batch, req, end - start)
+                _shrink_batch_row(batch, req, dropped)
     del req.output_ids[new_len:]
     truncate_logprobs(req, new_len)
     if batch is not None:
@@ -85,6 +92,7 @@ def replace_tail(
     grammar_replay.replace_last(req, index, token_id)
     if req.req_pool_idx is not None:
         scheduler.future_map.output_tokens_buf[req.req_pool_idx] = token_id
+    speculation.rewind(scheduler, batch, req, token_id)
     return num_freed
 
 

@@ -15,7 +15,7 @@ import sys
 import typing
 
 from llm42.core.config import Llm42Config, setting_fields
-from llm42.sglang import backend_gate
+from llm42.sglang import backend_gate, speculation
 
 _GROUP = "llm42 (selective deterministic inference)"
 _ENABLE_HELP = ("Serve requests that carry is_deterministic=true bitwise-reproducibly (decode on "
@@ -78,6 +78,11 @@ def from_cli_args_hook(original, cls, args: argparse.Namespace):
             )
         # Seeded sampling (same noise in decode and verify) exists only in the torch sampler.
         args.sampling_backend = "pytorch"
+        if getattr(args, "speculative_algorithm", None) and not args.disable_overlap_schedule:
+            # see llm42.sglang.speculation: rollbacks need the synchronous speculative loop
+            args.disable_overlap_schedule = True
+            print("llm42: speculative decoding: the overlap scheduler is turned off",
+                  file=sys.stderr)
     token = _AUTO_SELECT.set(values["enable_llm42"] and _no_backend_given(args))
     try:
         server_args = original(cls, args)
@@ -90,6 +95,9 @@ def from_cli_args_hook(original, cls, args: argparse.Namespace):
             )
         except ValueError as exc:
             _fail(str(exc))
+        refusal = speculation.check_server_args(server_args)
+        if refusal:
+            _fail(refusal)
         if values["llm42_prefix_cache"] and server_args.disable_radix_cache:
             _fail("--llm42-prefix-cache shares KV through SGLang's radix cache: drop "
                   "--disable-radix-cache")

@@ -21,7 +21,7 @@ import torch
 
 from llm42.core.decision import PAD_TOKEN_ID
 from llm42.core.planner import VerifyPass
-from llm42.sglang import det_rows, verify_logits
+from llm42.sglang import det_rows, runtime, verify_logits
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
@@ -131,13 +131,11 @@ def launch_pass(
 def forward_pass(scheduler: Scheduler, batch: ScheduleBatch):
     """The model's forward over a pass's batch, with every hook in pass mode (fp32 logits for
     every row, logits for every token, the backends' pass settings); no sampling."""
-    from llm42.sglang import runtime as rt
-
-    rt.IN_VERIFY_PASS = True
+    runtime.IN_VERIFY_PASS = True
     try:
         return scheduler.tp_worker.forward_batch_generation(batch, is_verify=True)
     finally:
-        rt.IN_VERIFY_PASS = False
+        runtime.IN_VERIFY_PASS = False
 
 
 def pass_batch(decode_batch: ScheduleBatch, reqs: list, num_seqs: int) -> ScheduleBatch:
@@ -217,6 +215,19 @@ def _sample_rows(scheduler, vpass: VerifyPass, reqs, entries, logits):
             )
         )
     return results
+
+
+def sample_tokens(reqs, logits, positions) -> torch.Tensor:
+    """Token ids [n] that the model runner's Sampler draws for deterministic rows: row i of
+    `logits` [n, V] belongs to `reqs[i]`, its draw keyed by `positions[i]` (a speculative
+    step's draft nodes, `speculation`). The logits are used as given."""
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+
+    scheduler = runtime.RUNTIME.scheduler
+    out = LogitsProcessorOutput(next_token_logits=logits)
+    info = _sampling_info(reqs, logits.device, scheduler.model_config.vocab_size)
+    sampler = scheduler.tp_worker.model_runner.sampler
+    return sampler(out, info, False, [0] * len(reqs), [None] * len(reqs), positions)
 
 
 def _sampling_info(reqs, device, vocab_size):
