@@ -23,7 +23,7 @@ def test_manifest_matches_the_pinned_sglang():
     targets = [s.target for s in specs]
     assert len(targets) == len(set(targets)), "one entry per upstream target"
     for spec in specs:
-        assert spec.type in ("before", "after", "around", "property", "replace_on_cpu"), spec
+        assert spec.type in ("before", "after", "around", "property", *plugin.CPU_ONLY_TYPES), spec
         assert callable(manifest.resolve_hook(spec)), spec.hook
         assert spec.reason and spec.fingerprint.startswith("sha256:"), spec
 

@@ -18,6 +18,8 @@ logger = logging.getLogger(__name__)
 
 # Problems found at registration; reported by the CLI hook when --enable-llm42 is given.
 REGISTRATION_PROBLEMS: list[str] = []
+# Hook types registered only on SGLang's CPU engine (CPU compat shims, `llm42/compat/`).
+CPU_ONLY_TYPES = ("replace_on_cpu", "around_on_cpu")
 _CLI_TARGETS = {
     "sglang.srt.server_args.ServerArgs.add_cli_args",
     "sglang.srt.server_args.ServerArgs.from_cli_args",
@@ -55,9 +57,10 @@ def register() -> None:
         "after": HookType.AFTER,
         "around": HookType.AROUND,
         "replace_on_cpu": HookType.REPLACE,
+        "around_on_cpu": HookType.AROUND,
     }
     for spec in specs:
-        if spec.type == "replace_on_cpu" and not _cpu_engine():
+        if spec.type in CPU_ONLY_TYPES and not _cpu_engine():
             continue
         hook = manifest.resolve_hook(spec)
         if spec.type == "property":
@@ -98,7 +101,7 @@ def assert_hooks_applied() -> None:
 
     missing = []
     for spec in manifest.load_manifest(manifest.installed_sglang_version()):
-        if spec.type == "replace_on_cpu" and not _cpu_engine():
+        if spec.type in CPU_ONLY_TYPES and not _cpu_engine():
             continue
         owner_path, attr = spec.target.rsplit(".", 1)
         owner = pkgutil.resolve_name(owner_path)

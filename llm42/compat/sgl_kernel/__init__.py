@@ -8,6 +8,9 @@ site-packages, so a real sgl-kernel always wins); see ``python -m llm42.compat -
     import sgl_kernel                      # resolves here on a CPU-only host
     sgl_kernel.assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start, end, locs, n)
 
+The speculative-decoding ops (``*_cpu`` names re-exported here, and the ``sgl_kernel.speculative``
+submodule that NGRAM imports) live in ``speculative.py``.
+
 Deliberately absent: ``torch.ops.sgl_kernel`` registrations. SGLang decides AMX support with
 ``hasattr(torch.ops.sgl_kernel, "convert_weight_packed")``; keeping that false makes every layer
 take its ``forward_native`` path. Any other public name resolves to a stub that raises
@@ -24,7 +27,28 @@ from typing import TYPE_CHECKING, Any, NoReturn
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["IS_LLM42_STAND_IN", "assign_req_to_token_pool_cpu", "copy_all_layer_kv_cache_cpu"]
+from .speculative import (
+    assign_draft_cache_locs_contiguous_cpu,
+    assign_extend_cache_locs_cpu,
+    build_draft_decode_metadata_cpu,
+    build_tree_kernel_efficient_cpu,
+    fill_accept_out_cache_loc_cpu,
+    fill_bonus_tokens_cpu,
+    verify_tree_greedy_cpu,
+)
+
+__all__ = [
+    "IS_LLM42_STAND_IN",
+    "assign_draft_cache_locs_contiguous_cpu",
+    "assign_extend_cache_locs_cpu",
+    "assign_req_to_token_pool_cpu",
+    "build_draft_decode_metadata_cpu",
+    "build_tree_kernel_efficient_cpu",
+    "copy_all_layer_kv_cache_cpu",
+    "fill_accept_out_cache_loc_cpu",
+    "fill_bonus_tokens_cpu",
+    "verify_tree_greedy_cpu",
+]
 
 # Lets tools (and `python -m llm42.compat status`) tell this module from the real package.
 IS_LLM42_STAND_IN = True
@@ -112,7 +136,7 @@ def _not_implemented(name: str) -> Callable[..., NoReturn]:
     def stub(*args: Any, **kwargs: Any) -> NoReturn:
         raise NotImplementedError(
             f"sgl_kernel.{name} is not implemented by llm42's CPU stand-in "
-            f"(llm42/compat/sgl_kernel). It provides only {', '.join(__all__[:2])}; "
+            f"(llm42/compat/sgl_kernel). It provides only {', '.join(__all__[1:])}; "
             "this SGLang code path needs a real sgl-kernel build (GPU host) or a pure-torch "
             "version added to llm42.compat.sgl_kernel."
         )
