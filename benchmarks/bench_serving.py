@@ -48,7 +48,7 @@ from benchmarks.workloads import (
     sample_sharegpt,
 )
 
-CONFIGS = ("nondet", "nondet-no-overlap", "sglang-det", "llm42")
+CONFIGS = ("nondet", "nondet-defaults", "nondet-no-overlap", "sglang-det", "llm42")
 SUMMARY_ROWS = [
     ("Successful requests", "completed", "{}"),
     ("Benchmark duration (s)", "duration", "{:.2f}"),

@@ -108,3 +108,20 @@ def test_pass_tokens_sweep_keeps_the_pass_size_on_one_server():
     assert driver.plain_mode(host)["verify_batch_size"] == 8
     with pytest.raises(SystemExit, match="not a multiple of window 48"):
         driver.server_configs(argparse.Namespace(**{**vars(args), "window_sizes": "16,48"}))
+
+
+def test_the_benchmark_client_takes_every_config_the_driver_starts():
+    """The driver passes each server's config to `bench_serving --config-label`: a label the
+    client refuses loses that row on the GPU (it did: `nondet-defaults`, 2026-12-06)."""
+    from benchmarks import bench_serving, driver
+
+    args = argparse.Namespace(
+        configs=",".join(driver.CONFIGS), window_sizes="16,64", verify_batch_size=4,
+        det_ratios="0.1", variant_ratios="1.0", inject_mismatch_rate=0.05, llm42_args=None,
+        switch_variants=False)
+    labels = {c.config for c in driver.server_configs(args)}
+    assert "nondet-defaults" in labels
+    parser = bench_serving.build_parser()
+    for label in sorted(labels):
+        parsed = parser.parse_args(["--config-label", label])
+        assert parsed.config_label == label
