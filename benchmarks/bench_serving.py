@@ -48,7 +48,8 @@ from benchmarks.workloads import (
     sample_sharegpt,
 )
 
-CONFIGS = ("nondet", "nondet-defaults", "nondet-no-overlap", "sglang-det", "llm42")
+CONFIGS = ("nondet", "nondet-defaults", "nondet-no-overlap", "nondet-spec", "sglang-det",
+           "llm42")
 SUMMARY_ROWS = [
     ("Successful requests", "completed", "{}"),
     ("Benchmark duration (s)", "duration", "{:.2f}"),
@@ -206,6 +207,9 @@ def print_summary(rec: dict) -> None:
     if rec.get("llm42_enabled"):
         lines.append(f"llm42: verify_passes={rec['verify_passes']} rollbacks={rec['rollbacks']} "
                      f"recompute_pct={rec['recompute_pct']:.3f}")
+    if rec.get("spec_accept_length") is not None:
+        lines.append(f"speculative decoding: accept length {rec['spec_accept_length']:.2f} "
+                     "(tokens per step)")
     if rec.get("errors"):
         lines.append(f"errors ({rec['failed']} failed): {rec['errors'][0][:200]}")
     lines.append("=" * 56)

@@ -15,7 +15,9 @@ requests of mixed prompt and output lengths, `--repeats` times per background le
 log-probs by their bits. `--mode llm42` sends `is_deterministic: true` (needs --enable-llm42)
 and expects all repetitions identical; `--mode control` sends the same requests without the
 flag and expects at least one divergence (else this setup cannot tell the modes apart);
-`--mode both` runs control after llm42 on the same server. Exit code 0 when the expectation of
+`--mode both` runs control after llm42 on the same server. `--reference proof.json` (repeatable)
+also compares every llm42 trial with earlier proofs' llm42 outputs: other servers (another W and
+B, speculative decoding on or off). Exit code 0 when the expectation of
 every mode run holds, 1 otherwise. Writes `proof.json` and `proof.md` into `--out-dir`.
 """
 
@@ -157,7 +159,8 @@ def _sample(out) -> tuple[list[int], list[float], dict]:
     if isinstance(out, list):
         parts = [_sample(o) for o in out]
         meta = {key: sum(int(p[2].get(key) or 0) for p in parts)
-                for key in ("llm42_rollbacks", "llm42_verify_passes")}
+                for key in ("llm42_rollbacks", "llm42_verify_passes", "completion_tokens",
+                            "spec_verify_ct")}
         return ([t for p in parts for t in [*p[0], -1]],
                 [v for p in parts for v in [*p[1], float("nan")]], meta)
     meta = out.get("meta_info") or {}
@@ -185,7 +188,8 @@ def run_mode(url: str, mode: str, args) -> dict:
     reqs = det_requests(args.num_prompts, args.seed, _features(args), args.lora_name)
     levels = [int(x) for x in args.background.split(",")]
     samples: list[list[tuple[list[int], list[float]]]] = [[] for _ in reqs]
-    trials, meta_sums = [], [{"rollbacks": 0, "verify_passes": 0} for _ in reqs]
+    trials, meta_sums = [], [{"rollbacks": 0, "verify_passes": 0, "tokens": 0, "spec_steps": 0}
+                             for _ in reqs]
     for rep in range(args.repeats):
         for level in levels:
             rng = random.Random(f"{args.seed}-{mode}-{rep}-{level}")
@@ -197,34 +201,55 @@ def run_mode(url: str, mode: str, args) -> dict:
                 samples[k].append((ids, lps))
                 meta_sums[k]["rollbacks"] += int(meta.get("llm42_rollbacks") or 0)
                 meta_sums[k]["verify_passes"] += int(meta.get("llm42_verify_passes") or 0)
+                if meta.get("spec_verify_ct"):  # a speculative server: its steps of this request
+                    meta_sums[k]["spec_steps"] += int(meta["spec_verify_ct"])
+                    meta_sums[k]["tokens"] += int(meta.get("completion_tokens") or 0)
             print(f"[proof {mode}] repeat {rep} background {level}: "
                   f"{trials[-1]['seconds']} s", flush=True)
     trial_names = [f"r{t['repeat']}-bg{t['background']}" for t in trials]
-    reference = _reference(args, mode, len(reqs))
-    if reference is not None:  # another server's outputs lead: every trial must equal them
-        samples = [[ref, *got] for ref, got in zip(reference, samples)]
-        trial_names = ["reference", *trial_names]
+    own = [s[0] for s in samples]  # this server's first trial: what a later proof refers to
+    references = _references(args, mode, len(reqs))
+    if references:  # other servers' outputs lead: every trial must equal each of them
+        samples = [[*refs, *got] for refs, got in zip(zip(*references.values()), samples)]
+        trial_names = [*references, *trial_names]
     reports = [compare_repetitions(s) for s in samples]
     return {"mode": mode, "expectation_holds": expectation_holds(mode, reports),
-            "outputs": [[list(ids), list(lps)] for ids, lps in (s[0] for s in samples)],
+            "outputs": [[list(ids), list(lps)] for ids, lps in own],
             "expectation": ("every repetition bitwise identical" if mode == "llm42"
                             else "at least one divergence"),
-            "trials": trials,
+            "trials": trials, "spec_accept_length": _accept_length(meta_sums),
             "requests": [_request_json(r, rep, trial_names, sums, samples[k][0])
                          for k, (r, rep, sums) in enumerate(zip(reqs, reports, meta_sums))]}
 
 
-def _reference(args, mode: str, num_requests: int):
-    """`--reference`: the llm42 mode's outputs of an earlier proof (another server, e.g. other
-    W and B with the row-invariant verifier), one (ids, logprobs) per request; None without."""
-    if mode != "llm42" or not getattr(args, "reference", None):
-        return None
-    runs = json.loads(Path(args.reference).read_text())["runs"]
-    outputs = next(r["outputs"] for r in runs if r["mode"] == "llm42")
-    if len(outputs) != num_requests:
-        raise SystemExit(f"error: --reference has {len(outputs)} requests, this proof "
-                         f"{num_requests}: run both with the same --num-prompts and --features")
-    return [(ids, lps) for ids, lps in outputs]
+def _accept_length(sums: list[dict]) -> float | None:
+    """Tokens per speculative step of this mode's requests over all trials (None: no
+    speculative decoding on the server)."""
+    steps = sum(s["spec_steps"] for s in sums)
+    return round(sum(s["tokens"] for s in sums) / steps, 3) if steps else None
+
+
+def _references(args, mode: str, num_requests: int) -> dict[str, list[tuple]]:
+    """`--reference` (repeatable): the llm42 mode's outputs of earlier proofs (other servers,
+    e.g. other W and B with the row-invariant verifier, or without speculative decoding), by
+    trial name ("reference", or "reference-FOLDER" with several), one (ids, logprobs) per
+    request; empty without. The first leads: the others and every trial are compared with it."""
+    paths = getattr(args, "reference", None) or []
+    paths = [paths] if isinstance(paths, (str, Path)) else paths
+    if mode != "llm42" or not paths:
+        return {}
+    out = {}
+    for path in paths:
+        runs = json.loads(Path(path).read_text())["runs"]
+        outputs = next(r["outputs"] for r in runs if r["mode"] == "llm42")
+        if len(outputs) != num_requests:
+            raise SystemExit(f"error: --reference {path} has {len(outputs)} requests, this "
+                             f"proof {num_requests}: run both with the same --num-prompts and "
+                             "--features")
+        name = "reference" if len(paths) == 1 else f"reference-{Path(path).parent.name}"
+        name = f"{name}-{len(out)}" if name in out else name
+        out[name] = [(ids, lps) for ids, lps in outputs]
+    return out
 
 
 def _request_json(req: DetRequest, rep: RequestReport, names: list[str], sums: dict,
@@ -242,6 +267,9 @@ def _request_json(req: DetRequest, rep: RequestReport, names: list[str], sums: d
                                 "max_abs_logprob_diff": d.max_abs_logprob_diff}
                                for n, d in zip(names[1:], rep.diffs)],
             "llm42_rollbacks": sums["rollbacks"], "llm42_verify_passes": sums["verify_passes"],
+            # SGLang's spec_accept_length over all trials (tokens per speculative step)
+            "spec_accept_length": (round(sums["tokens"] / sums["spec_steps"], 3)
+                                   if sums["spec_steps"] else None),
             "reference_token_ids_head": first[0][:32]}
 
 
@@ -259,8 +287,11 @@ def markdown(result: dict) -> str:
              f"scheduler ledgers)", ""]
     for run in result["runs"]:
         verdict = "HOLDS" if run["expectation_holds"] else "FAILS"
-        lines += [f"## mode `{run['mode']}`: expectation ({run['expectation']}) {verdict}", "",
-                  ("| request | identical | divergent reps | first divergent position | "
+        lines += [f"## mode `{run['mode']}`: expectation ({run['expectation']}) {verdict}", ""]
+        if run.get("spec_accept_length"):
+            lines += [f"Speculative decoding: {run['spec_accept_length']} tokens per step "
+                      "(SGLang's spec_accept_length over these requests and trials).", ""]
+        lines += [("| request | identical | divergent reps | first divergent position | "
                    "first token divergence | max abs logprob diff | llm42 rollbacks |"),
                   "|---|---|---|---|---|---|---|"]
         for r in run["requests"]:
@@ -301,10 +332,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--features", default="",
                    help=f"comma list of sampling-API requests to add per prompt: {','.join(FEATURES)}")
     p.add_argument("--lora-name", default=None, help="adapter the lora feature's requests use")
-    p.add_argument("--reference", default=None,
+    p.add_argument("--reference", action="append", default=None,
                    help="proof.json of an earlier proof (another server, e.g. other W and B "
-                        "with --llm42-verifier row-invariant): every llm42 trial must equal its "
-                        "outputs bitwise too")
+                        "with --llm42-verifier row-invariant, or no speculative decoding): "
+                        "every llm42 trial must equal its outputs bitwise too; repeatable "
+                        "(each must also equal the first)")
     return p
 
 

@@ -41,9 +41,12 @@ RESULTS = "results.jsonl"
 # nondet-no-overlap / llm42-no-overlap: SGLang's normal event loop instead of the overlap loop
 # (llm42 runs in both); they measure what the overlap scheduler is worth with and without llm42.
 # nondet-defaults: plain SGLang with its own defaults for what the like-for-like flags pin.
-CONFIGS = ("nondet", "nondet-defaults", "nondet-no-overlap", "sglang-det", "llm42",
-           "llm42-skip-compare", "llm42-inject", "llm42-no-overlap", "llm42-batched-prefill",
-           "llm42-solo-prefill")
+# nondet-spec / llm42-spec: speculative decoding (`--spec-args`) on plain SGLang and on llm42,
+# which turns the overlap scheduler off for it (nondet-no-overlap is plain SGLang without it).
+CONFIGS = ("nondet", "nondet-defaults", "nondet-no-overlap", "nondet-spec", "sglang-det",
+           "llm42", "llm42-skip-compare", "llm42-inject", "llm42-no-overlap",
+           "llm42-batched-prefill", "llm42-solo-prefill", "llm42-spec")
+DEFAULT_SPEC_ARGS = "--speculative-algorithm NGRAM --speculative-num-draft-tokens 4"
 # Server flags that make every baseline run like llm42 does (the pytorch sampler, the only one
 # with seeded sampling; no radix cache; no prefill CUDA graphs), flag -> whether it takes a
 # value. `nondet-defaults` drops them from --server-args: SGLang's default sampler, radix cache
@@ -100,6 +103,10 @@ def server_configs(args) -> list[ServerConfig]:
             out.append(ServerConfig(name, name, [], [0.0], like_for_like=False))
         elif name == "nondet-no-overlap":
             out.append(ServerConfig(name, name, ["--disable-overlap-schedule"], [0.0]))
+        elif name == "nondet-spec":
+            flags, algorithm = spec_flags(args)
+            out.append(ServerConfig(f"nondet-spec-{algorithm.lower()}", name, flags, [0.0],
+                                    {"speculative_algorithm": algorithm}))
         elif name == "sglang-det":
             out.append(ServerConfig("sglang-det", "sglang-det",
                                     ["--enable-deterministic-inference"], [0.0]))
@@ -136,6 +143,11 @@ def server_configs(args) -> list[ServerConfig]:
                     flags.append("--no-llm42-batched-prefill")
                     meta["batched_prefill"] = False
                     label += "-solo-prefill"
+                elif name == "llm42-spec":
+                    spec, algorithm = spec_flags(args)
+                    flags += spec
+                    meta["speculative_algorithm"] = algorithm
+                    label += f"-spec-{algorithm.lower()}"
                 elif name == "llm42-inject":
                     flags += ["--llm42-inject-mismatch-rate", str(args.inject_mismatch_rate)]
                     meta["inject_mismatch_rate"] = args.inject_mismatch_rate
@@ -143,6 +155,17 @@ def server_configs(args) -> list[ServerConfig]:
                     label += f"-inject{args.inject_mismatch_rate:g}"
                 out.append(ServerConfig(label, "llm42", flags, ratios, meta, kind=name))
     return attach_variants(out) if args.switch_variants else out
+
+
+def spec_flags(args) -> tuple[list[str], str]:
+    """The speculative-decoding flags of nondet-spec / llm42-spec (`--spec-args`) and the
+    algorithm they name."""
+    flags = shlex.split(getattr(args, "spec_args", None) or DEFAULT_SPEC_ARGS)
+    algorithm = _opts(flags).get("--speculative-algorithm")
+    if not algorithm:
+        raise SystemExit(f"error: --spec-args {shlex.join(flags)!r} names no "
+                         "--speculative-algorithm; e.g. " + repr(DEFAULT_SPEC_ARGS))
+    return flags, algorithm.upper()
 
 
 def pass_batch_size(args, window: int) -> int:
@@ -382,6 +405,8 @@ class Driver:
                 "load_format": _opts(self.server_args).get("--load-format")}
         if "benchmark_mode" in cfg.meta:  # switched at runtime on that server
             meta["benchmark_mode"] = cfg.meta["benchmark_mode"]
+        if "speculative_algorithm" in cfg.meta:
+            meta["speculative_algorithm"] = cfg.meta["speculative_algorithm"]
         argv += ["--extra-metadata", json.dumps(meta)]
         self.log_command(f"bench {cfg.label} ratio={ratio:g} {meta['workload']}", argv)
         log = self.out / f"bench_{cfg.label}.log"
@@ -492,6 +517,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="extra flags of every llm42 server, e.g. '--llm42-max-verify-wait 64' "
                         "(recorded as llm42_args; appended to the server label); repeatable: "
                         "each llm42 config then runs once per value, '' = its defaults")
+    p.add_argument("--spec-args", default=DEFAULT_SPEC_ARGS,
+                   help="speculative-decoding flags of the nondet-spec and llm42-spec configs "
+                        "(their label names the algorithm)")
     p.add_argument("--workload", action="append", default=None,
                    help='bench_serving args of one workload, e.g. "--dataset-name random '
                         '--random-input-len 1024 --random-output-len 256"; repeatable '

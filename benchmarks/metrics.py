@@ -6,6 +6,8 @@
 Latency keys: `{group_}{ttft,itl,e2e}_{p50,p99,mean}_ms` for group "" (all requests), "det_"
 (requests labelled deterministic) and "normal_" (the rest); null when the group is empty.
 `{group_}itl_p99_ci_ms`: [low, high], a 95 % bootstrap interval of the ITL p99 over requests.
+`{group_}spec_accept_length`: tokens per speculative step (SGLang's `spec_accept_length`, over
+the group's tokens); null on a server without speculative decoding.
 """
 
 from __future__ import annotations
@@ -83,7 +85,17 @@ def latency_stats(outputs: Sequence[RequestOutput], prefix: str) -> dict:
     rec = {f"{prefix}{lat}_{s}_ms": v for lat in LATENCIES
            for s, v in _ms_stats(values[lat]).items()}
     rec[f"{prefix}itl_p99_ci_ms"] = p99_interval([o.itl for o in ok])
+    rec[f"{prefix}spec_accept_length"] = spec_accept_length(ok)
     return rec
+
+
+def spec_accept_length(outputs: Sequence[RequestOutput]) -> float | None:
+    """Output tokens per speculative step over the requests that report SGLang's
+    `spec_verify_ct` (its `spec_accept_length`, weighted by tokens); None when none does."""
+    counted = [o for o in outputs if o.meta.get("spec_verify_ct")]
+    if not counted:
+        return None
+    return sum(o.output_len for o in counted) / sum(int(o.meta["spec_verify_ct"]) for o in counted)
 
 
 def summarize(outputs: Sequence[RequestOutput], is_det: Sequence[bool], *,
@@ -120,6 +132,7 @@ def empty_summary() -> dict:
             for s in STATS:
                 rec[f"{g}{lat}_{s}_ms"] = None
         rec[f"{g}itl_p99_ci_ms"] = None
+        rec[f"{g}spec_accept_length"] = None
     return rec
 
 

@@ -4,10 +4,12 @@
 
 Throughput is normalised per workload to the `nondet` row (plain SGLang, like-for-like flags) and
 to `sglang-det` (SGLang's batch-invariant mode) of the same workload, and where a `nondet-defaults`
-row (plain SGLang with its own defaults) exists, to that too; skipped rows stay in the table with
-their reason. Runs at a finite request rate (online serving) also get a table of the *normal*
-requests' latency against nondet's at the same rate (what llm42 costs the traffic that did not
-ask for determinism), and, with several rates, `latency_vs_rate.png`.
+row (plain SGLang with its own defaults), a `nondet-no-overlap` or a `nondet-spec` row (plain SGLang
+with speculative decoding) exists, to that too; runs on speculative servers show their accept
+length (tokens per speculative step); skipped rows stay in the table with their reason. Runs
+at a finite request rate (online serving) also get a table of the *normal* requests' latency
+against nondet's at the same rate (what llm42 costs the traffic that did not ask for
+determinism), and, with several rates, `latency_vs_rate.png`.
 """
 
 from __future__ import annotations
@@ -40,9 +42,12 @@ def workload_of(row: dict) -> str:
 
 def variant_of(row: dict) -> str:
     """What the server ran: nondet, sglang-det, or llm42 with its knobs."""
+    spec = f" {row['speculative_algorithm']}" if row.get("speculative_algorithm") else ""
     if row.get("config") != "llm42":
-        return row.get("config", "?")
+        return row.get("config", "?") + spec
     label = f"llm42 W{row.get('window_size')} B{row.get('verify_batch_size')}"
+    if spec:
+        label += " spec" + spec
     if row.get("overlap_schedule") is False:
         label += " no-overlap"
     if row.get("batched_prefill"):
@@ -73,7 +78,8 @@ def _scheduling_label(stats: dict, window: int | None) -> str:
     return label
 
 
-BASELINES = ("nondet", "nondet-defaults", "sglang-det")
+BASELINES = ("nondet", "nondet-defaults", "nondet-no-overlap", "nondet-spec", "sglang-det")
+OPTIONAL_BASELINES = ("nondet-defaults", "nondet-no-overlap", "nondet-spec")  # columns if run
 
 
 def _baselines(rows: list[dict]) -> dict[tuple[str, str], float]:
@@ -96,6 +102,13 @@ def _ratio(value, base) -> str:
     return f"{value / base:.3f}x" if value and base else "-"
 
 
+def _accept_length(row: dict) -> str:
+    """Tokens per speculative step; with deterministic and normal requests both, each's too."""
+    text = _fmt(row.get("spec_accept_length"), 2)
+    det, normal = row.get("det_spec_accept_length"), row.get("normal_spec_accept_length")
+    return f"{text} (det {det:.2f}, normal {normal:.2f})" if det and normal else text
+
+
 def _passes(row: dict) -> str:
     """Verification passes, and how many replayed a CUDA graph where the server counted them."""
     graphed = (row.get("llm42_stats") or {}).get("graphed_passes")
@@ -105,9 +118,12 @@ def _passes(row: dict) -> str:
 
 def markdown_table(rows: list[dict]) -> str:
     base = _baselines(rows)
-    defaults = any(config == "nondet-defaults" for _, config in base)  # column only if measured
+    measured = {config for _, config in base}
+    optional = [c for c in OPTIONAL_BASELINES if c in measured]  # columns only if measured
+    accept = any(row.get("spec_accept_length") is not None for row in rows)
     header = (["workload", "config", "det ratio", "done", "out tok/s", "vs nondet"]
-              + ["vs nondet-defaults"] * defaults + ["vs sglang-det"] + [c[0] for c in LAT_COLUMNS]
+              + [f"vs {c}" for c in optional] + ["vs sglang-det"]
+              + ["spec accept length"] * accept + [c[0] for c in LAT_COLUMNS]
               + ["recompute %", "rollbacks", "verify passes", "note"])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
@@ -122,8 +138,9 @@ def markdown_table(rows: list[dict]) -> str:
         cells = [wl, variant_of(row), _fmt(row.get("det_ratio"), 2),
                  f"{row.get('completed', 0)}/{row.get('num_prompts', '?')}",
                  _fmt(out), _ratio(out, base.get((wl, "nondet")))]
-        cells += [_ratio(out, base.get((wl, "nondet-defaults")))] * defaults
+        cells += [_ratio(out, base.get((wl, c))) for c in optional]
         cells += [_ratio(out, base.get((wl, "sglang-det")))]
+        cells += [_accept_length(row)] * accept
         cells += [f"{_fmt(row.get(p50))} / {_fmt(row.get(p99))}" for _, p50, p99 in LAT_COLUMNS]
         cells += [_fmt(row.get("recompute_pct"), 3), _fmt(row.get("rollbacks")),
                   _passes(row), note.replace("|", "/")[:200]]
@@ -341,8 +358,8 @@ def plot_window_sweep(rows: list[dict], path: Path) -> bool:
     return True
 
 
-_CONFIG_ORDER = {"nondet": 0, "nondet-defaults": 1, "nondet-no-overlap": 1, "sglang-det": 2,
-                 "llm42": 3}
+_CONFIG_ORDER = {"nondet": 0, "nondet-defaults": 1, "nondet-no-overlap": 1, "nondet-spec": 1,
+                 "sglang-det": 2, "llm42": 3}
 
 
 def sort_rows(rows: list[dict]) -> list[dict]:

@@ -27,6 +27,8 @@ BACKENDS = ("sglang", "sglang-oai", "sglang-oai-chat")
 ENDPOINTS = {"sglang": "/generate", "sglang-oai": "/v1/completions",
              "sglang-oai-chat": "/v1/chat/completions"}
 LLM42_META_KEYS = ("llm42_verify_passes", "llm42_rollbacks", "llm42_tokens_rolled_back")
+# SGLang's speculative steps of the request, in its last chunk's meta_info (speculative servers)
+META_KEYS = (*LLM42_META_KEYS, "spec_verify_ct")
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ class RequestOutput:
     itl: list[float] = field(default_factory=list)
     output_len: int = 0
     generated_text: str = ""
-    meta: dict = field(default_factory=dict)  # llm42 per-request counters when present
+    meta: dict = field(default_factory=dict)  # llm42 / speculative counters when present
 
 
 def make_session(timeout_s: float = 6 * 3600) -> aiohttp.ClientSession:
@@ -173,7 +175,7 @@ async def send_request(session: aiohttp.ClientSession, backend: str, base_url: s
                 if num_tokens is None:  # no usage in the chunk: one token per text chunk
                     num_tokens = timer.last_tokens + (1 if text else 0)
                 timer.observe(now, num_tokens)
-                out.meta.update({k: meta[k] for k in LLM42_META_KEYS if k in meta})
+                out.meta.update({k: meta[k] for k in META_KEYS if k in meta})
                 out.latency = now - out.start_time
             out.output_len = timer.last_tokens
             out.generated_text = "".join(texts)

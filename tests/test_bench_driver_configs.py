@@ -125,3 +125,34 @@ def test_the_benchmark_client_takes_every_config_the_driver_starts():
     for label in sorted(labels):
         parsed = parser.parse_args(["--config-label", label])
         assert parsed.config_label == label
+
+
+def test_speculative_configs_add_spec_args_and_keep_a_start_of_their_own():
+    """nondet-spec / llm42-spec: `--spec-args` on plain SGLang and on llm42 (after llm42's and
+    the variant's flags), labelled by the algorithm and recorded in the rows; an llm42-spec
+    server is never a switched variant of a plain llm42 one (speculation is a start flag); spec
+    args that name no algorithm are refused."""
+    from benchmarks import driver
+
+    args = argparse.Namespace(
+        configs="nondet,nondet-spec,llm42,llm42-spec", window_sizes="16", verify_batch_size=32,
+        det_ratios="0.1,1.0", variant_ratios=None, inject_mismatch_rate=0.5,
+        llm42_args=["--llm42-max-verify-wait 8"], switch_variants=True,
+        spec_args="--speculative-algorithm ngram --speculative-num-draft-tokens 4")
+    spec = ["--speculative-algorithm", "ngram", "--speculative-num-draft-tokens", "4"]
+    llm42 = ["--enable-llm42", "--llm42-window-size", "16", "--llm42-verify-batch-size", "32",
+             "--llm42-max-verify-wait", "8"]
+    got = [(c.label, c.config, c.flags, c.ratios, c.meta.get("speculative_algorithm"),
+            c.switched) for c in driver.server_configs(args)]
+    assert got == [
+        ("nondet", "nondet", [], [0.0], None, []),
+        ("nondet-spec-ngram", "nondet-spec", spec, [0.0], "NGRAM", []),
+        ("llm42-w16-max-verify-wait8", "llm42", llm42, [0.1, 1.0], None, []),
+        ("llm42-w16-max-verify-wait8-spec-ngram", "llm42", llm42 + spec, [0.1, 1.0], "NGRAM",
+         [])]
+    # the driver's default: NGRAM with 4 draft tokens
+    default = driver.build_parser().parse_args(["--out-dir", "o", "--configs", "nondet-spec"])
+    assert [c.flags for c in driver.server_configs(default)] == [
+        ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4"]]
+    with pytest.raises(SystemExit, match="names no --speculative-algorithm"):
+        driver.server_configs(argparse.Namespace(**{**vars(args), "spec_args": "--x 1"}))

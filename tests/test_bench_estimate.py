@@ -62,3 +62,35 @@ def test_estimate_prices_each_window_of_a_sweep_from_its_own_rows(tmp_path):
     # W = 32 never ran: the newest row of any window (W = 16's), scaled to the prompt count
     assert estimate.price_run(rows, "m", "sharegpt n=1024", "llm42", 1.0,
                               {"window_size": 32}, 77.0)[0] == 74.0
+
+
+def test_estimate_prices_a_proof_from_the_recorded_proof_of_its_model(tmp_path):
+    """A determinism proof: its start, then each mode's trials from the newest recorded proof
+    of the same model (the mean trial at the nearest background level, scaled by requests x
+    tokens); a speculative server priced as one without, flagged, until one is recorded."""
+    from benchmarks.gpu import estimate
+
+    def proof(timestamp, seconds, server_args="--enable-llm42"):
+        trials = [{"repeat": 0, "background": b, "seconds": s}
+                  for b, s in ((0, seconds), (16, 2.0), (0, seconds + 2.0))]
+        return {"timestamp": timestamp, "model": "/t/smollm2-135m-real", "num_requests": 8,
+                "max_new_tokens": 256, "server_args": server_args,
+                "runs": [{"mode": "llm42", "trials": trials},
+                         {"mode": "control", "trials": trials[:1]}]}
+
+    for name, recorded in (("old", proof("1", 99.0)), ("new", proof("2", 10.0))):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "proof.json").write_text(json.dumps(recorded))
+    proofs = estimate.recorded_proofs(tmp_path)
+    argv = ["--launch", "--model-path", "/r/smollm2-135m-real", "--mode", "both",
+            "--background", "0,64", "--repeats", "1", "--num-prompts", "4",
+            "--max-new-tokens", "128", "--out-dir", "run/proof-spec/ngram",
+            "--server-args", "--enable-llm42 --speculative-algorithm NGRAM"]
+    start, llm42, control = estimate.price_proof(argv, proofs, 60.0, 30.0)
+    assert (start.what, start.seconds) == ("start proof ngram", 60.0)
+    # 12 requests x 128 tokens = 0.75 x the recorded 8 x 256; background 0: the mean of 10 and
+    # 12 s, 64: the nearest recorded level (16)
+    assert llm42.seconds == 0.75 * (11.0 + 2.0) and control.seconds == 0.75 * (10.0 + 10.0)
+    assert "new/proof.json x 0.75" in llm42.source and "without NGRAM: a guess" in llm42.source
+    other = estimate.price_proof([*argv[:2], "/r/llama", *argv[3:]], proofs, 60.0, 30.0)
+    assert other[1].seconds == 2 * 30.0 and "a guess" in other[1].source

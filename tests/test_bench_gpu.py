@@ -297,4 +297,129 @@ def test_gpu_suite_row_invariant_proof_compares_two_servers(tmp_path):
                        server[server.index("--llm42-verify-batch-size") + 1]))
     assert shapes == [("16", "32"), ("64", "4")]
     assert parsed[0].reference is None
-    assert parsed[1].reference == str(Path(parsed[0].out_dir) / "proof.json")
+    assert parsed[1].reference == [str(Path(parsed[0].out_dir) / "proof.json")]
+
+
+def _dry_run(tmp_path, steps: list[str], **env) -> list[list[str]]:
+    """The python argvs (after the interpreter) the suite would run for `steps`."""
+    suite = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "run_gpu_suite.sh"
+    env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
+           "RUN_DIR": str(tmp_path / "run"), "JIT_CACHE": str(tmp_path / "none.tar.gz"), **env}
+    subprocess.run(["bash", str(suite), *steps], env=env, check=True, capture_output=True,
+                   timeout=120)
+    return [json.loads(line) for line in (tmp_path / "out" / "dry_run.jsonl").read_text()
+            .splitlines()]
+
+
+def test_gpu_suite_spec_proof_compares_every_speculative_server_with_the_earlier_ones(
+        tmp_path, capsys):
+    """proof-spec (issue 37): on SmolLM2, llm42 without speculation (the reference, no control),
+    then NGRAM, STANDALONE (SmolLM2 its own draft) and EAGLE (a random draft written for it),
+    one server each with the same llm42 settings and requests (no LoRA: SGLang serves it with
+    NGRAM only); each later proof reads every earlier one's proof.json (--reference), and the
+    estimator prices the four starts and their trials."""
+    import shlex
+
+    from benchmarks import determinism_proof
+    from benchmarks.gpu import estimate
+
+    argvs = _dry_run(tmp_path, ["proof-spec"], SMOLLM2_WEIGHTS="real",
+                     PROOF_BACKGROUND="0,64", PROOF_REPEATS="1")
+    proofs = [determinism_proof.build_parser().parse_args(a[2:]) for a in argvs
+              if a[:2] == ["-m", "benchmarks.determinism_proof"]]
+    assert [Path(p.out_dir).name for p in proofs] == ["none", "ngram", "standalone", "eagle"]
+    model = proofs[0].model_path
+    assert model.endswith("smollm2-135m-real")
+    servers = [shlex.split(p.server_args) for p in proofs]
+    for proof, server in zip(proofs, servers):
+        assert proof.model_path == model and proof.features == "n2,penalty,json"
+        assert server[server.index("--llm42-window-size") + 1] == "16"
+        assert server[:len(servers[0])] == servers[0], "the same settings, speculation added"
+    assert [p.mode for p in proofs] == ["llm42", "both", "both", "both"]
+
+    def flag(server, name):
+        return server[server.index(name) + 1] if name in server else None
+
+    assert [flag(s, "--speculative-algorithm") for s in servers] == [
+        None, "NGRAM", "STANDALONE", "EAGLE"]
+    assert [flag(s, "--speculative-num-draft-tokens") for s in servers[1:]] == ["4"] * 3
+    assert flag(servers[2], "--speculative-draft-model-path") == model
+    [draft] = [a for a in argvs if a[:3] == ["-m", "llm42.models", "random-eagle"]]
+    assert draft[draft.index("--base") + 1] == model
+    assert flag(servers[3], "--speculative-draft-model-path") == draft[draft.index("--out") + 1]
+    for s in servers[2:]:
+        assert flag(s, "--speculative-eagle-topk") == "1"
+        assert flag(s, "--speculative-num-steps") == "3"
+    outputs = [str(Path(p.out_dir) / "proof.json") for p in proofs]
+    assert [p.reference for p in proofs] == [None, outputs[:1], outputs[:2], outputs[:3]]
+
+    # a later call on the same machine: only the sub-runs asked for, still compared with the
+    # earlier call's proofs found on disk
+    for name in ("none", "ngram"):
+        Path(outputs[0]).parent.parent.joinpath(name).mkdir(parents=True, exist_ok=True)
+    Path(outputs[0]).write_text("{}")
+    (tmp_path / "out" / "dry_run.jsonl").unlink()
+    later = _dry_run(tmp_path, ["proof-spec"], SMOLLM2_WEIGHTS="real",
+                     PROOF_SPEC_RUNS="standalone,eagle")
+    later = [determinism_proof.build_parser().parse_args(a[2:]) for a in later
+             if a[:2] == ["-m", "benchmarks.determinism_proof"]]
+    assert [Path(p.out_dir).name for p in later] == ["standalone", "eagle"]
+    assert [p.reference for p in later] == [outputs[:1], [outputs[0], outputs[2]]]
+
+    results = tmp_path / "results"
+    results.mkdir()
+    plan = tmp_path / "plan.jsonl"
+    plan.write_text("".join(json.dumps(a) + "\n" for a in argvs))
+    estimate.main([str(plan), "--results", str(results), "--start-s", "50",
+                   "--proof-trial-s", "10", "--setup-s", "0", "--budget-s", "1000"])
+    lines = capsys.readouterr().out.splitlines()
+    assert sum(" start proof " in ln for ln in lines) == 4
+    # none: llm42 only; the others llm42 and control; 2 trials each at 10 s (no recorded proof)
+    assert lines[-1] == f"total {4 * 50 + 7 * 20} s: fits in --budget-s 1000"
+
+
+def test_gpu_suite_spec_sharegpt_runs_speculation_on_and_off(tmp_path):
+    """spec-sharegpt (issue 37): ShareGPT on SmolLM2 with its real weights, plain SGLang with
+    and without the overlap scheduler and with speculation, llm42 with and without speculation,
+    at 10 % and 100 % deterministic; the speculative servers get SPEC_ARGS and name the
+    algorithm, the benchmark client takes every config."""
+    import shlex
+
+    from benchmarks import bench_serving, driver
+
+    argvs = _dry_run(tmp_path, ["spec-sharegpt"], SMOLLM2_WEIGHTS="real")
+    [argv] = [a[2:] for a in argvs if a[:2] == ["-m", "benchmarks.driver"]]
+    args = driver.build_parser().parse_args(argv)
+    assert args.model_path.endswith("smollm2-135m-real") and "--load-format" not in \
+        args.server_args
+    assert "--context-len 8192" in args.bench_args
+    [workload] = args.workload
+    assert "--dataset-name sharegpt" in workload and "--num-prompts 1024" in workload
+    configs = driver.server_configs(args)
+    got = {c.label: (c.config, c.ratios) for c in configs}
+    assert got == {"nondet": ("nondet", [0.0]),
+                   "nondet-no-overlap": ("nondet-no-overlap", [0.0]),
+                   "nondet-spec-ngram": ("nondet-spec", [0.0]),
+                   "llm42-w16": ("llm42", [0.1, 1.0]),
+                   "llm42-w16-spec-ngram": ("llm42", [0.1, 1.0])}
+    spec = ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4"]
+    for cfg in configs:
+        flags = shlex.split(args.server_args) + cfg.flags  # as the driver starts the server
+        assert (flags[-4:] == spec) == cfg.label.endswith("spec-ngram"), cfg.label
+        assert cfg.meta.get("speculative_algorithm") == (
+            "NGRAM" if "spec" in cfg.label else None)
+    assert configs[1].flags == ["--disable-overlap-schedule"]
+    parser = bench_serving.build_parser()
+    for cfg in configs:
+        assert parser.parse_args(["--config-label", cfg.config]).config_label == cfg.config
+
+    # another algorithm: SPEC_ARGS reaches both speculative servers and their labels
+    (tmp_path / "out" / "dry_run.jsonl").unlink()
+    eagle = ("--speculative-algorithm EAGLE --speculative-draft-model-path /d "
+             "--speculative-eagle-topk 1")
+    argvs = _dry_run(tmp_path, ["spec-sharegpt"], SPEC_ARGS=eagle,
+                     SPEC_CONFIGS="nondet-spec,llm42-spec")
+    [argv] = [a[2:] for a in argvs if a[:2] == ["-m", "benchmarks.driver"]]
+    configs = driver.server_configs(driver.build_parser().parse_args(argv))
+    assert [(c.label, c.flags[-6:]) for c in configs] == [
+        ("nondet-spec-eagle", shlex.split(eagle)), ("llm42-w16-spec-eagle", shlex.split(eagle))]

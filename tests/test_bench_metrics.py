@@ -40,3 +40,22 @@ def test_p99_interval_resamples_whole_requests():
     lo1, hi1 = p99_interval(singles)
     assert hi1 - lo1 < hi - lo
     assert p99_interval([[0.01, 0.02]]) is None and p99_interval([[], [0.01]]) is None
+
+
+def test_accept_length_weighs_requests_by_their_tokens_per_group():
+    """Tokens per speculative step, over each group's tokens (SGLang's spec_accept_length of a
+    request is its tokens / its steps); null without speculative decoding."""
+    from benchmarks.metrics import summarize
+    from benchmarks.request_funcs import RequestOutput
+
+    def out(tokens, steps=None):
+        meta = {"spec_verify_ct": steps} if steps else {}
+        return RequestOutput(success=True, output_len=tokens, latency=1.0, ttft=0.1,
+                             itl=[0.1] * (tokens - 1), meta=meta)
+
+    rec = summarize([out(30, 10), out(10, 10), out(8, 2)], [True, True, False],
+                    prompt_lens=[5, 5, 5], duration_s=1.0)
+    assert rec["spec_accept_length"] == 48 / 22
+    assert rec["det_spec_accept_length"] == 2.0 and rec["normal_spec_accept_length"] == 4.0
+    plain = summarize([out(30)], [False], prompt_lens=[5], duration_s=1.0)
+    assert plain["spec_accept_length"] is None and plain["det_spec_accept_length"] is None

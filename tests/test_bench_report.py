@@ -152,3 +152,30 @@ def test_window_sweep_plots_throughput_and_recompute_per_window(tmp_path):
     assert report.window_sweep_series(rows[:1]) == {}, "one window is not a sweep"
     assert report.plot_window_sweep(rows, tmp_path / "w.png")
     assert (tmp_path / "w.png").stat().st_size
+
+
+def test_report_compares_speculative_servers_and_shows_their_accept_length(tmp_path):
+    """spec-sharegpt's rows: plain SGLang with and without the overlap scheduler and with NGRAM,
+    llm42 with and without NGRAM; every row against each baseline run, the accept length
+    (deterministic and normal requests apart where both ran) on speculative servers only."""
+    llm42 = {"window_size": 16, "verify_batch_size": 32}
+    spec = {"speculative_algorithm": "NGRAM"}
+    rows = [result_row("nondet", 0.0, 100.0), result_row("nondet-no-overlap", 0.0, 80.0),
+            result_row("nondet-spec", 0.0, 160.0, spec_accept_length=2.5, **spec),
+            result_row("llm42", 0.1, 90.0, **llm42),
+            result_row("llm42", 0.1, 120.0, **llm42, **spec, overlap_schedule=False,
+                       spec_accept_length=2.25, det_spec_accept_length=1.5,
+                       normal_spec_accept_length=2.4)]
+    jsonl = tmp_path / "results.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report.write_report(jsonl, tmp_path)
+    table = (tmp_path / "table.md").read_text().splitlines()
+    header = next(ln for ln in table if ln.startswith("| workload")).split(" | ")
+    assert header[5:10] == ["vs nondet", "vs nondet-no-overlap", "vs nondet-spec",
+                            "vs sglang-det", "spec accept length"]
+    cells = {c[1]: c for c in (ln.split(" | ") for ln in table if ln.startswith("| random"))}
+    assert list(cells) == ["nondet", "nondet-no-overlap", "nondet-spec NGRAM", "llm42 W16 B32",
+                           "llm42 W16 B32 spec NGRAM no-overlap"]
+    spec_llm42 = cells["llm42 W16 B32 spec NGRAM no-overlap"]
+    assert spec_llm42[5:10] == ["1.200x", "1.500x", "0.750x", "-", "2.25 (det 1.50, normal 2.40)"]
+    assert cells["nondet-spec NGRAM"][9] == "2.50" and cells["llm42 W16 B32"][9] == "-"

@@ -175,3 +175,26 @@ def test_random_lora_has_peft_shapes_and_loads_in_sglang(tmp_path, default_model
     assert loaded.r == 4 and set(loaded.target_modules) == {"q_proj", "down_proj"}
     with pytest.raises(ValueError, match="unknown LoRA targets"):
         write_random_lora(tmp_path / "bad", base_dir=base, targets=("qkv",))
+
+
+def test_random_eagle_cli_drafts_for_smollm2_in_its_dtype(tmp_path, default_model, capsys):
+    """`python -m llm42.models random-eagle` (the GPU suite's proof-spec writes one for
+    SmolLM2, which has no trained EAGLE draft offline): the draft takes the target's dtype from
+    transformers 5's `dtype` key too (a float32 draft of a bf16 target fails in its fc), keeps
+    its own untied head, and holds no embedding or head (shared from the target)."""
+    from llm42.models.__main__ import main
+
+    assert main(["random-eagle", "--base", str(default_model), "--out",
+                 str(tmp_path / "eagle"), "--seed", "1"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "eagle")
+    target = json.loads((default_model / "config.json").read_text())
+    config = json.loads((tmp_path / "eagle" / "config.json").read_text())
+    dtype = target.get("torch_dtype") or target["dtype"]
+    assert config["torch_dtype"] == dtype == "bfloat16" and config.get("dtype", dtype) == dtype
+    assert config["architectures"] == ["LlamaForCausalLMEagle"]
+    assert config["num_hidden_layers"] == 1 and config["tie_word_embeddings"] is False
+    with safe_open(str(tmp_path / "eagle" / "model.safetensors"), framework="pt") as handle:
+        names = set(handle.keys())  # noqa: SIM118
+        assert str(handle.get_tensor("fc.weight").dtype) == "torch.bfloat16"
+    assert {"fc.weight", "fc.bias"} <= names and not any("embed" in n or "lm_head" in n
+                                                         for n in names)

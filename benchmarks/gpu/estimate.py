@@ -15,7 +15,13 @@ Server starts on the H200 took 54-118 s (decode CUDA-graph capture, process star
 setup 20-35 s per call, and each run adds ~20 s of client start and dataset loading: the
 defaults. A `benchmarks.row_invariance` run (no server) is priced from the newest recorded
 run's elapsed seconds (its summary row) when there is one, else at `--row-invariance-s`, flagged
-as a guess. Exit 1 when the call does not fit its budget.
+as a guess. A `benchmarks.determinism_proof --launch` is a server start plus its trials, each
+priced from the newest recorded proof of the same model (the mean trial of that mode at the
+nearest background level, scaled by requests x new tokens; a speculative server from a proof
+with the same `--speculative-algorithm` when there is one, else as a server without it, flagged),
+else at `--proof-trial-s`, flagged. Model preparation (SmolLM2's GGUF conversion, ~45 s once
+per machine) is not in the plan: add it to `--setup-s`. Exit 1 when the call does not fit its
+budget.
 """
 
 from __future__ import annotations
@@ -69,7 +75,8 @@ def price_run(rows: list[dict], model: str, workload: str, config: str, ratio: f
             and _shape(r.get("workload") or "")[0] == shape]
     same = [r for r in mine if r.get("config") == config
             and bool(r.get("skip_compare")) == skip
-            and bool(r.get("inject_mismatch_rate")) == inject]
+            and bool(r.get("inject_mismatch_rate")) == inject
+            and r.get("speculative_algorithm") == meta.get("speculative_algorithm")]
     # a sweep's windows cost differently (passes against re-decoded tails): its own window's
     # rows when there are any
     window = [r for r in same if r.get("window_size") == meta.get("window_size")]
@@ -94,9 +101,12 @@ def price_run(rows: list[dict], model: str, workload: str, config: str, ratio: f
 
 # With no recorded run of a config: its nondet run of that workload times a rough factor, from
 # the H200 ratios (llm42 at 10 % 0.90-0.98x, 50 % 0.55x, 100 % ~0.5x; sglang-det 0.34-0.46x).
-# nondet-defaults (radix cache and prefill graphs on) is priced like nondet until measured.
+# nondet-defaults (radix cache and prefill graphs on), nondet-no-overlap and nondet-spec
+# (speculative decoding) are priced like nondet until measured; llm42 with speculative decoding
+# like llm42 without.
 _VS_NONDET = {"llm42": lambda ratio: 1.0 + ratio, "sglang-det": lambda ratio: 3.0,
-              "nondet-defaults": lambda ratio: 1.0}
+              "nondet-defaults": lambda ratio: 1.0, "nondet-no-overlap": lambda ratio: 1.0,
+              "nondet-spec": lambda ratio: 1.0}
 
 
 def _newest(rows: list[dict], ratio: float) -> dict | None:
@@ -160,6 +170,62 @@ def price_row_invariance(argv: list[str], root: Path, guess_s: float) -> Priced:
                   source)
 
 
+def recorded_proofs(root: Path = RESULTS_ROOT) -> list[dict]:
+    out = []
+    for path in sorted(root.rglob("proof.json")):
+        proof = json.loads(path.read_text(encoding="utf-8"))
+        out.append({**proof, "_file": str(path.relative_to(root))})
+    return out
+
+
+def _algorithm(server_args: str | None) -> str | None:
+    algorithm = driver._opts(shlex.split(server_args or "")).get("--speculative-algorithm")
+    return algorithm.upper() if algorithm else None
+
+
+def price_proof(argv: list[str], proofs: list[dict], start_s: float,
+                guess_trial_s: float) -> list[Priced]:
+    """A determinism proof: its server start (with --launch), then each mode's trials."""
+    from benchmarks import determinism_proof
+
+    args = determinism_proof.build_parser().parse_args(argv)
+    features = tuple(f for f in args.features.split(",") if f)
+    work = len(determinism_proof.det_requests(args.num_prompts, args.seed, features,
+                                              args.lora_name)) * args.max_new_tokens
+    algorithm = _algorithm(args.server_args)
+    mine = [p for p in proofs if Path(str(p.get("model"))).name == Path(
+        str(args.model_path)).name]
+    same = [p for p in mine if _algorithm(p.get("server_args")) == algorithm]
+    note = f" (priced as without {algorithm}: a guess)" if algorithm and not same else ""
+    mine = sorted(same or [p for p in mine if not _algorithm(p.get("server_args"))],
+                  key=lambda p: p.get("timestamp") or "", reverse=True)
+    name = Path(args.out_dir).name
+    out = [Priced(f"start proof {name}", start_s, "--start-s")] if args.launch else []
+    levels = [int(x) for x in args.background.split(",")]
+    for mode in ["llm42", "control"] if args.mode == "both" else [args.mode]:
+        recorded = next(((p, r) for p in mine for r in p.get("runs") or []
+                         if r.get("mode") == mode and r.get("trials")), None)
+        if recorded is None:
+            seconds, source = guess_trial_s * len(levels) * args.repeats, (
+                "no recorded proof of this model: a guess")
+        else:
+            proof, run = recorded
+            scale = work / (proof["num_requests"] * proof["max_new_tokens"])
+            seconds = sum(_mean_trial_s(run["trials"], level) for level in levels)
+            seconds *= args.repeats * scale
+            source = f"{proof['_file']} x {scale:.2f} (requests x tokens){note}"
+        out.append(Priced(f"proof {name} {mode}: {args.repeats} x background {args.background}",
+                          seconds, source))
+    return out
+
+
+def _mean_trial_s(trials: list[dict], level: int) -> float:
+    """Mean seconds of the recorded trials at the background level nearest `level`."""
+    gap = min(abs(t["background"] - level) for t in trials)
+    near = [t["seconds"] for t in trials if abs(t["background"] - level) == gap]
+    return sum(near) / len(near)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("dry_run", help="the suite's $OUT/dry_run.jsonl (DRY_RUN=1)")
@@ -172,15 +238,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--row-invariance-s", type=float, default=180.0,
                    help="a row_invariance run without a recorded one (8B shape, H100: GEMMs "
                         "~60 s, Triton attention ~15 s, FlashInfer's first JIT ~60-120 s)")
+    p.add_argument("--proof-trial-s", type=float, default=30.0,
+                   help="a determinism-proof trial without a recorded proof of its model")
     p.add_argument("--results", default=str(RESULTS_ROOT))
     args = p.parse_args(argv)
     rows = recorded_rows(Path(args.results))
+    proofs = recorded_proofs(Path(args.results))
     priced = [Priced("setup", args.setup_s, "--setup-s")]
     for line in Path(args.dry_run).read_text(encoding="utf-8").splitlines():
         cmd = json.loads(line)
         if cmd[:2] == ["-m", "benchmarks.driver"]:
             priced += price_driver(cmd[2:], rows, args.start_s, args.run_overhead_s,
                                    args.unknown_run_s)
+        elif cmd[:2] == ["-m", "benchmarks.determinism_proof"]:
+            priced += price_proof(cmd[2:], proofs, args.start_s, args.proof_trial_s)
         elif cmd[:2] == ["-m", "benchmarks.row_invariance"]:
             priced.append(price_row_invariance(cmd[2:], Path(args.results),
                                                args.row_invariance_s))

@@ -14,6 +14,27 @@
 #                              with --llm42-allow-unproven-backend) at W 16 B 32, then on a
 #                              second server at W 64 B 4 whose every trial must also equal the
 #                              first server's outputs bitwise (--reference); features without lora
+#   proof-spec                 the proof on speculative servers (issue 37), SmolLM2 ($SMOLLM2_WEIGHTS;
+#                              real for acceptance that means something), features
+#                              $PROOF_SPEC_FEATURES (SGLang serves LoRA only with NGRAM), one
+#                              server per sub-run of $PROOF_SPEC_RUNS, each in proof-spec/RUN/:
+#                              none (llm42 without speculation, mode llm42 only: the reference),
+#                              ngram (--speculative-algorithm NGRAM --speculative-num-draft-tokens
+#                              4), standalone (SmolLM2 its own draft: --speculative-draft-model-path
+#                              $MODEL_SMOL --speculative-num-steps 3 --speculative-eagle-topk 1
+#                              --speculative-num-draft-tokens 4), eagle (the same with a random
+#                              one-layer EAGLE draft written next to the model, `llm42.models
+#                              random-eagle`: no trained EAGLE draft of SmolLM2 exists offline,
+#                              so its acceptance is ~1 and it proves the EAGLE code path only).
+#                              Every llm42 trial of a sub-run must also equal, bitwise, the
+#                              outputs of each earlier sub-run in that order whose proof.json is
+#                              on this machine (--reference, this call's or an earlier call's).
+#                              proof.md gives the accept length. Priced by benchmarks.gpu.estimate
+#                              (the H200 SmolLM2-real proof x 3 for 24 requests, 100 s per start,
+#                              speculation priced as without: a guess) with PROOF_BACKGROUND=0,64
+#                              PROOF_REPEATS=1: PROOF_SPEC_RUNS=none,ngram 362 s (+45 s for
+#                              SmolLM2's conversion on a fresh machine), then standalone,eagle
+#                              394 s: two calls on one warm machine (all four: 726 s)
 #   proof-tp                   the proof at TP = $PROOF_TP (default 2, NCCL; needs that many GPUs),
 #                              llama-3.2-1b shape; TP_DET_ALLREDUCE=1 adds SGLang's deterministic
 #                              all-reduce settings (NCCL_ALGO=allreduce:tree, no custom all-reduce)
@@ -28,6 +49,19 @@
 #                              it: COMMON_ARGS without --sampling-backend, --disable-radix-cache
 #                              and --cuda-graph-backend-prefill (SGLang's default sampler, radix
 #                              cache on, prefill CUDA graphs on; still triton attention)
+#   spec-sharegpt              speculative decoding on vs off (issue 37), ShareGPT on SmolLM2
+#                              ($SMOLLM2_WEIGHTS), one server per config of $SPEC_CONFIGS
+#                              (default nondet, nondet-no-overlap, nondet-spec, llm42, llm42-spec;
+#                              *-spec: $SPEC_ARGS, labels name the algorithm; llm42 turns the
+#                              overlap scheduler off there, nondet-no-overlap is plain SGLang
+#                              without it) at $SPEC_RATIOS; rows and tables.md carry SGLang's
+#                              accept length (spec_accept_length, det_ / normal_ too). Priced
+#                              by benchmarks.gpu.estimate (SPEC_PROMPTS=1024, 100 s per start,
+#                              the H100 SmolLM2-real rows; speculative runs as without: guesses):
+#                              SPEC_CONFIGS=nondet,nondet-no-overlap,nondet-spec 446 s (+45 s
+#                              conversion on a fresh machine), then llm42,llm42-spec 441 s: two
+#                              calls on one warm machine, speculation on and off in each (all
+#                              five: 857 s)
 #   smollm2-sweep              llm42 at ratio 1.0, windows $SWEEP_WINDOWS, + nondet, SmolLM2 shape;
 #                              with SWITCH_VARIANTS=1 every window runs on one llm42 server start
 #                              (started with the largest, the others switched in at runtime)
@@ -79,6 +113,12 @@
 #   $SMOLLM2_WEIGHTS weights; two server starts: ~150 s with warm kernel caches, ~300 s cold)
 #   PROOF_BACKGROUND=0,16,64,256 PROOF_REPEATS=2 PROOF_PROMPTS=4 PROOF_TOKENS=256
 #   PROOF_LLM42_ARGS="" (extra llm42 flags of the proof server, e.g. --llm42-batched-prefill)
+#   PROOF_MODE=both (llm42: no control run) PROOF_REFERENCE="" (proof.json files, space-separated:
+#   every llm42 trial must equal their outputs too)
+#   PROOF_SPEC_RUNS=none,ngram,standalone,eagle PROOF_SPEC_FEATURES=n2,penalty,json (proof-spec)
+#   SPEC_ARGS="--speculative-algorithm NGRAM --speculative-num-draft-tokens 4" SPEC_RATIOS=0.1,1.0
+#   SPEC_PROMPTS=1024 SPEC_CONFIGS=nondet,nondet-no-overlap,nondet-spec,llm42,llm42-spec
+#   (spec-sharegpt)
 #   PROOF_FEATURES=n2,penalty,json,lora (sampling-API requests added per prompt; lora: a random
 #   adapter written next to the model, served with --lora-backend $PROOF_LORA_BACKEND, default
 #   csgmv, SGLang's own, proven on the H200 2026-12-05; another LoRA backend needs
@@ -148,6 +188,14 @@ PROOF_TOKENS=${PROOF_TOKENS:-256}
 PROOF_LLM42_ARGS=${PROOF_LLM42_ARGS:-}
 PROOF_FEATURES=${PROOF_FEATURES-n2,penalty,json,lora}
 PROOF_LORA_BACKEND=${PROOF_LORA_BACKEND:-csgmv}
+PROOF_MODE=${PROOF_MODE:-both}
+PROOF_REFERENCE=${PROOF_REFERENCE:-}
+PROOF_SPEC_RUNS=${PROOF_SPEC_RUNS:-none,ngram,standalone,eagle}
+PROOF_SPEC_FEATURES=${PROOF_SPEC_FEATURES-n2,penalty,json}
+SPEC_ARGS=${SPEC_ARGS:-"--speculative-algorithm NGRAM --speculative-num-draft-tokens 4"}
+SPEC_RATIOS=${SPEC_RATIOS:-0.1,1.0}
+SPEC_PROMPTS=${SPEC_PROMPTS:-1024}
+SPEC_CONFIGS=${SPEC_CONFIGS:-nondet,nondet-no-overlap,nondet-spec,llm42,llm42-spec}
 LLM42_ARGS=${LLM42_ARGS:-}
 EXTRA_SERVER_ARGS=${EXTRA_SERVER_ARGS:-}
 # Identical for every configuration but nondet-defaults, which drops the like-for-like flags
@@ -291,8 +339,8 @@ pack() {  # $1 = step name. The device returns at most 8 files: per call suite.l
   local step=$1 dir=$RUN_DIR/$1
   [[ -d $dir ]] || return 0
   [[ -f $dir/results.jsonl && $step != report ]] && cat "$dir/results.jsonl" >> "$OUT/results.jsonl"
-  for f in table.md proof.md; do
-    [[ -f $dir/$f ]] && { echo "## $step: $f"; cat "$dir/$f"; echo; } >> "$OUT/tables.md"
+  for f in "$dir"/table.md "$dir"/proof.md "$dir"/*/proof.md; do  # sub-runs' proofs too
+    [[ -f $f ]] && { echo "## ${f#"$RUN_DIR"/}"; cat "$f"; echo; } >> "$OUT/tables.md"
   done
   tar -czf "$OUT/$step.tar.gz" -C "$RUN_DIR" "$step" && log "packed $OUT/$step.tar.gz"
 }
@@ -359,15 +407,52 @@ proof_step() {  # $1 = model folder, $2 = the function that writes it, $3 = more
     lora_args="--enable-lora --lora-paths proof=$adapter --max-loras-per-batch 2 --lora-backend $PROOF_LORA_BACKEND"
     lora_name=(--lora-name proof)
   fi
+  local ref refs=()
+  for ref in $PROOF_REFERENCE; do refs+=(--reference "$ref"); done
   env_python -m benchmarks.determinism_proof --launch --model-path "$model" \
     --server-args "$COMMON_ARGS --enable-llm42 --llm42-window-size $WINDOW --llm42-verify-batch-size $VERIFY_BS --random-seed 7 $lora_args $PROOF_LLM42_ARGS$extra" \
-    --mode both --background "$PROOF_BACKGROUND" --repeats "$PROOF_REPEATS" \
+    --mode "$PROOF_MODE" --background "$PROOF_BACKGROUND" --repeats "$PROOF_REPEATS" \
     --num-prompts "$PROOF_PROMPTS" --max-new-tokens "$PROOF_TOKENS" \
-    --features "$PROOF_FEATURES" "${lora_name[@]}" ${PROOF_REFERENCE:+--reference "$PROOF_REFERENCE"} \
+    --features "$PROOF_FEATURES" "${lora_name[@]}" "${refs[@]}" \
     --startup-timeout "$STARTUP_TIMEOUT" --out-dir "$RUN_DIR/$step"
   local code=$?
   log "step $step: exit $code (0: llm42 all identical and control diverged)"
   return $code
+}
+
+eagle_draft() {  # a random one-layer EAGLE draft of $MODEL_SMOL (no trained one offline)
+  model_smollm2 || return 1
+  [[ -f $MODEL_SMOL-eagle/model.safetensors ]] || \
+    env_python -m llm42.models random-eagle --base "$MODEL_SMOL" --out "$MODEL_SMOL-eagle" --seed 1
+}
+
+spec_run_args() {  # $1 = a proof-spec sub-run: its speculative server flags
+  local steps=" --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
+  case $1 in
+    none) echo "" ;;
+    ngram) echo " --speculative-algorithm NGRAM --speculative-num-draft-tokens 4" ;;
+    standalone) echo " --speculative-algorithm STANDALONE --speculative-draft-model-path $MODEL_SMOL$steps" ;;
+    eagle) echo " --speculative-algorithm EAGLE --speculative-draft-model-path $MODEL_SMOL-eagle$steps" ;;
+  esac
+}
+
+proof_spec() {  # $step = proof-spec; the sub-runs of $PROOF_SPEC_RUNS in a fixed order, each
+  # compared with every earlier one's outputs found on this machine (a dry run: planned ones)
+  local top=$step run proof writer mode refs=() status=0
+  for run in none ngram standalone eagle; do
+    proof=$RUN_DIR/$top/$run/proof.json
+    if [[ ,$PROOF_SPEC_RUNS, == *,$run,* ]]; then
+      writer=model_smollm2 mode=$PROOF_MODE
+      [[ $run == eagle ]] && writer=eagle_draft
+      [[ $run == none ]] && mode=llm42  # the reference; its control is proof-smollm2's
+      step=$top/$run PROOF_FEATURES=$PROOF_SPEC_FEATURES PROOF_MODE=$mode \
+        PROOF_REFERENCE="${refs[*]:-}" proof_step "$MODEL_SMOL" $writer "$(spec_run_args $run)" \
+        || status=1
+      [[ $DRY_RUN == 1 ]] && { refs+=("$proof"); continue; }
+    fi
+    [[ -f $proof ]] && refs+=("$proof")
+  done
+  return $status
 }
 
 run_step() {
@@ -383,6 +468,7 @@ run_step() {
         PROOF_LLM42_ARGS="$PROOF_LLM42_ARGS $row" \
         PROOF_REFERENCE="$RUN_DIR/$top/w16-b32/proof.json" proof_step "$MODEL_1B" model_1b ;;
     proof-smollm2) proof_step "$MODEL_SMOL" model_smollm2 ;;
+    proof-spec) proof_spec ;;
     proof-tp)  # the proof's server at TP = $PROOF_TP (after a TP=N of COMMON_ARGS: it wins)
       if [[ $TP_DET_ALLREDUCE == 1 ]]; then  # SGLang's deterministic mode at TP > 1, this step only
         (export NCCL_ALGO=allreduce:tree
@@ -392,6 +478,12 @@ run_step() {
       fi ;;
     bench-*) bench_step "$step" ;;
     lm-head-cost) env_python -m benchmarks.lm_head_cost --out-dir "$RUN_DIR/$step" ;;
+    spec-sharegpt)  # speculation on vs off, plain SGLang and llm42, one server per config
+      model_smollm2 || return 1
+      driver "$step" "$MODEL_SMOL" "$SPEC_CONFIGS" "$SPEC_RATIOS" --window-sizes "$WINDOW" \
+        --spec-args "$SPEC_ARGS" \
+        --workload "--dataset-name sharegpt --dataset-path $SHAREGPT --num-prompts $SPEC_PROMPTS" \
+        --bench-args "--seed 1 --context-len 8192$WARMUP_ARG" ;;
     smollm2-sweep)  # one --workload per ';'-separated $SWEEP_SAMPLING entry, on each start
       model_smollm2 || return 1
       local sampling samplings=() sweeps=()

@@ -4,6 +4,7 @@
     python -m llm42.models random-llama --preset tiny --out DIR [--seed 0 --std 0.02
         --dtype float32 --tokenizer DIR]
     python -m llm42.models random-lora --base DIR --out DIR [--seed 0 --rank 8 --dtype bfloat16]
+    python -m llm42.models random-eagle --base DIR --out DIR [--seed 0 --layers 1]
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import sys
 
 from llm42.models.random_llama import PRESETS, write_random_llama
+from llm42.models.random_eagle import write_random_eagle_draft
 from llm42.models.random_lora import write_random_lora
 from llm42.models.smollm2 import DefaultModelError, default_model_path
 
@@ -38,11 +40,22 @@ def main(argv: list[str] | None = None) -> int:
     lora.add_argument("--rank", type=int, default=8)
     lora.add_argument("--std", type=float, default=0.02)
     lora.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
+    eagle = sub.add_parser("random-eagle", help="write a seeded random EAGLE draft for a Llama "
+                                                "(--speculative-algorithm EAGLE)")
+    eagle.add_argument("--base", required=True, help="the Llama's folder (its config.json)")
+    eagle.add_argument("--out", required=True, help="output folder")
+    eagle.add_argument("--seed", type=int, default=0)
+    eagle.add_argument("--layers", type=int, default=1)
+    eagle.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                       help="default: the base's")
     args = parser.parse_args(argv)
 
     try:
         if args.command == "default-path":
             print(default_model_path(dtype=args.dtype))
+        elif args.command == "random-eagle":
+            print(write_random_eagle_draft(args.out, base_dir=args.base, seed=args.seed,
+                                           num_layers=args.layers, dtype=args.dtype))
         elif args.command == "random-lora":
             print(write_random_lora(args.out, base_dir=args.base, seed=args.seed, rank=args.rank,
                                     std=args.std, dtype=args.dtype))

@@ -39,7 +39,8 @@ def write_random_eagle_draft(
     its tokenizer files are copied; ``dtype`` defaults to the target's) and return its folder."""
     base = Path(base_dir)
     target = json.loads((base / "config.json").read_text())
-    dtype = dtype or target.get("torch_dtype", "float32")
+    # transformers 5 writes `dtype` (the converted SmolLM2), older versions `torch_dtype`
+    dtype = dtype or target.get("torch_dtype") or target.get("dtype") or "float32"
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     _copy_tokenizer(base, out)
@@ -51,6 +52,7 @@ def write_random_eagle_draft(
         "num_hidden_layers": num_layers,
         "tie_word_embeddings": False,
         "torch_dtype": dtype,
+        **({"dtype": dtype} if "dtype" in target else {}),
         **_special_token_ids(out),
     }
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
