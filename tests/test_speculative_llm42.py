@@ -1,9 +1,9 @@
-"""Deterministic requests on speculative-decoding servers (NGRAM, STANDALONE with a random draft).
+"""Deterministic requests on speculative-decoding servers (NGRAM, STANDALONE, EAGLE topk 1).
 
 The speculative servers have exactly `inject_server`'s llm42 settings (W 8, B 4, half of all
 windows forced to mismatch, the normal event loop) plus speculation, so its deterministic
-outputs must equal `inject_server`'s bit for bit: speculation only proposes candidates. Both
-run with `LLM42_TEST_CHECK_SPEC_ROOTS`: a verify step whose deterministic draft tree does not
+outputs must equal `inject_server`'s bit for bit: speculation only proposes candidates. All
+three run with `LLM42_TEST_CHECK_SPEC_ROOTS`: a verify step whose deterministic draft tree does not
 start from the request's last output token (a rollback that left SGLang's speculative state
 behind) kills the server. SGLang's idle leak check (`wait_idle_and_healthy`) catches a draft KV
 tail that a rollback did not free.
@@ -12,6 +12,7 @@ tail that a rollback did not free.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
@@ -40,36 +41,61 @@ def _spec_args(extra: list[str]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def ngram_server(tiny_model, tmp_path_factory):
-    server = _start(tiny_model, _spec_args(NGRAM_ARGS), "spec-ngram", tmp_path_factory,
-                    env=CHECK_ENV)
-    yield server
-    server.stop()
+def spec_servers(tiny_model, tmp_path_factory):
+    """The three servers, started side by side (CI time):
+
+    - ngram: drafts from the request's own earlier tokens;
+    - standalone: the (random) target model is its own draft, so most drafts are accepted and
+      whole windows come from speculative steps; it also retracts the running requests every 10
+      decode steps (SGLang's test switch): a retracted deterministic request restarts from its
+      prompt, draft state included;
+    - eagle: a random one-layer EAGLE draft (`write_random_eagle_draft`): drafts rarely match."""
+    from llm42.models import write_random_eagle_draft
+
+    eagle_draft = write_random_eagle_draft(tmp_path_factory.mktemp("eagle-draft"),
+                                           base_dir=tiny_model, seed=1)
+    retract = {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "10"}
+    plans = {
+        "ngram": (NGRAM_ARGS, CHECK_ENV),
+        "standalone": (["--speculative-algorithm", "STANDALONE",
+                        "--speculative-draft-model-path", tiny_model, *DRAFT_ARGS],
+                       {**CHECK_ENV, **retract}),
+        "eagle": (["--speculative-algorithm", "EAGLE",
+                   "--speculative-draft-model-path", eagle_draft, *DRAFT_ARGS], CHECK_ENV),
+    }
+    with ThreadPoolExecutor(len(plans)) as pool:
+        futures = {name: pool.submit(_start, tiny_model, _spec_args(extra), f"spec-{name}",
+                                     tmp_path_factory, env)
+                   for name, (extra, env) in plans.items()}
+        servers = {name: f.result() for name, f in futures.items()}
+    yield servers
+    with ThreadPoolExecutor(len(servers)) as pool:
+        list(pool.map(lambda server: server.stop(), servers.values()))
 
 
-@pytest.fixture(scope="module")
-def standalone_server(tiny_model, tmp_path_factory):
-    """The draft is the (random) target model itself, so most drafts are accepted and whole
-    windows come from speculative steps. Also retracts the running requests every 10 decode steps (SGLang's test switch): a
-    retracted deterministic request restarts from its prompt, draft state included."""
-    args = _spec_args(["--speculative-algorithm", "STANDALONE",
-                       "--speculative-draft-model-path", tiny_model, *DRAFT_ARGS])
-    env = {**CHECK_ENV, "SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "10"}
-    server = _start(tiny_model, args, "spec-standalone", tmp_path_factory, env=env)
-    yield server
-    server.stop()
+@pytest.fixture
+def ngram_server(spec_servers):
+    return spec_servers["ngram"]
+
+
+@pytest.fixture
+def eagle_server(spec_servers):
+    return spec_servers["eagle"]
 
 
 @pytest.fixture(params=["ngram", "standalone"])
-def spec_server(request):
-    server = request.getfixturevalue(f"{request.param}_server")
+def spec_server(request, spec_servers):
+    server = spec_servers[request.param]
     yield server
     wait_idle_and_healthy(server)
 
 
+SHORT = PROMPTS[:3]  # CI time: three prompts of 32 tokens show every path
+
+
 def _send(sampling):
     def send(url, prompt):
-        return generate(url, prompt, max_new_tokens=40, **sampling)
+        return generate(url, prompt, max_new_tokens=32, **sampling)
     return send
 
 
@@ -78,16 +104,29 @@ def test_outputs_do_not_depend_on_speculation(spec_server, inject_server, sampli
     """Solo, repeated, among normal traffic and with forced mismatches: the same bits as the
     non-speculative server with the same llm42 settings."""
     send = _send(sampling)
-    refs = [send(inject_server.url, p) for p in PROMPTS]
+    refs = [send(inject_server.url, p) for p in SHORT]
     before = llm42_stats(spec_server.url)
     spec_refs, _ = assert_bitwise_everywhere(
-        spec_server.url, send, PROMPTS,
-        normal_traffic=background_requests(spec_server.url, n=12))
-    for p, ref, got in zip(PROMPTS, refs, spec_refs):
+        spec_server.url, send, SHORT,
+        normal_traffic=background_requests(spec_server.url, n=6))
+    for p, ref, got in zip(SHORT, refs, spec_refs):
         assert_same(ref, got, f"speculative vs non-speculative {p!r}")
     after = llm42_stats(spec_server.url)
     assert after["rollbacks"] > before["rollbacks"], "no rollback happened under speculation"
     assert all(r[2]["spec_verify_ct"] > 0 for r in spec_refs), "no speculative step ran"
+
+
+@pytest.mark.parametrize("sampling", sampling_cases(seed=13))
+def test_eagle_outputs_equal_the_non_speculative_servers(eagle_server, inject_server, sampling):
+    """EAGLE (topk 1, a random draft): alone and among normal traffic, as without speculation."""
+    send = _send(sampling)
+    refs = [send(inject_server.url, p) for p in SHORT]
+    got = concurrently([lambda p=p: send(eagle_server.url, p) for p in SHORT]
+                       + background_requests(eagle_server.url, n=4))
+    for p, ref, out in zip(SHORT, refs, got):
+        assert_same(ref, out, f"EAGLE vs non-speculative {p!r}")
+    assert all(r[2]["spec_verify_ct"] > 0 for r in got[: len(SHORT)])
+    wait_idle_and_healthy(eagle_server)
 
 
 def _accepted_drafts(url, sampling) -> int:
