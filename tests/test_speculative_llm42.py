@@ -233,3 +233,22 @@ def test_launch_accepts_the_supported_settings_and_names_the_rest(tiny_model):
         assert "the overlap scheduler is turned off" in ok["stderr"]
     assert topk2["code"] == 2 and "--speculative-eagle-topk 1 only (got 2)" in topk2["stderr"]
     assert eagle3["code"] == 2 and "(got EAGLE3)" in eagle3["stderr"], eagle3["stderr"][-2000:]
+
+
+REGEX = r"[a-z]{4}(,[a-z]{4}){4}"
+
+
+@pytest.mark.parametrize("sampling", sampling_cases(seed=17))
+def test_structured_output_under_speculation(spec_server, inject_server, sampling):
+    """A regex-constrained deterministic request: SGLang's speculative step advances the grammar
+    over the accepted run, llm42 rewinds it with a rollback; the output is the non-speculative
+    one and matches the regex."""
+    import re
+
+    send = lambda url, p: generate(url, p, max_new_tokens=40,  # noqa: E731
+                                   sampling={"regex": REGEX}, **sampling)
+    for p in SHORT[:2]:
+        ref = send(inject_server.url, p)
+        got = send(spec_server.url, p)
+        assert_same(ref, got, f"regex under speculation {p!r}")
+        assert re.fullmatch(REGEX, got[2]["text"]), got[2]["text"]
