@@ -10,6 +10,11 @@ Per decode batch size N, on the LM head alone ([N, hidden] @ [vocab, hidden]^T, 
   fp32-all      fp32 logits for every row (llm42 before issue 33: one bf16 GEMM with fp32 output)
   fp32-det-P%   SGLang's bf16 head for every row, then the P % deterministic rows recomputed in
                 fp32 and written over theirs (llm42 now: `llm42/sglang/fp32_logits.py`)
+  one-gemm-P%   one GEMM with fp32 output for every row; the normal rows rounded to bf16, the P %
+                deterministic rows kept in fp32 (a candidate: it reads the weights once)
+
+Per N it also checks whether the one-GEMM layout gives normal rows SGLang's bits: SGLang's bf16
+GEMM equal, bit for bit, to the fp32-output GEMM rounded to bf16 (`bf16_is_rounded_fp32`).
 
 Each variant is a CUDA graph replay timed with events (`gemm_timing.timed`), like a decode step.
 The extra ms over `bf16` is what a decode step pays for fp32 logits. Writes results.jsonl,
@@ -64,7 +69,20 @@ def variants(hidden: torch.Tensor, weight: torch.Tensor, shares: list[float]) ->
             logits.index_copy_(0, index, fp32_matmul(hidden.index_select(0, index), weight))
             return logits
         out[f"fp32-det-{share:g}"] = (det_rows, int(index.numel()))
+
+        def one_gemm(index=index):
+            full = fp32_matmul(hidden, weight)
+            logits = full.to(weight.dtype).float()
+            logits.index_copy_(0, index, full.index_select(0, index))
+            return logits
+        out[f"one-gemm-{share:g}"] = (one_gemm, int(index.numel()))
     return out
+
+
+def bf16_is_rounded_fp32(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
+    """SGLang's bf16 LM head equals the fp32-output GEMM rounded to bf16, bit for bit."""
+    return torch.equal(torch.matmul(hidden, weight.t()),
+                       fp32_matmul(hidden, weight).to(weight.dtype))
 
 
 def measure(args, shape: dict, device: torch.device, bar) -> list[dict]:
@@ -76,24 +94,26 @@ def measure(args, shape: dict, device: torch.device, bar) -> list[dict]:
     for n in [int(b) for b in args.batch_sizes.split(",") if b]:
         hidden = torch.randn(n, shape["hidden"], generator=g).to(device=device,
                                                                  dtype=torch.bfloat16)
-        base = None
+        base, rounded = None, bf16_is_rounded_fp32(hidden, weight)
         for name, (fn, det) in variants(hidden, weight, shares).items():
             ms, graphed, error = timed(fn, device, args.warmup, args.iters)
             base = ms if name == "bf16" else base
             rows.append({"batch_size": n, "variant": name, "det_rows": det, "ms": ms,
                          "extra_vs_bf16_ms": ms - base, "ratio_vs_bf16": ms / base,
-                         "graphed": graphed, "graph_error": error})
+                         "graphed": graphed, "graph_error": error,
+                         "bf16_is_rounded_fp32": rounded})
             bar.update()
     return rows
 
 
 def markdown(rows: list[dict], header: list[str]) -> str:
-    cols = ["N", "variant", "fp32 rows", "ms", "extra ms vs bf16", "vs bf16", "graphed"]
+    cols = ["N", "variant", "fp32 rows", "ms", "extra ms vs bf16", "vs bf16", "graphed",
+            "bf16 = rounded fp32"]
     lines = header + ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         cells = [r["batch_size"], r["variant"], r["det_rows"], report._fmt(r["ms"], 4),
                  report._fmt(r["extra_vs_bf16_ms"], 4), f"{r['ratio_vs_bf16']:.3f}x",
-                 report._fmt(r["graphed"])]
+                 report._fmt(r["graphed"]), report._fmt(r["bf16_is_rounded_fp32"])]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -120,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     name = (torch.cuda.get_device_name(device) if device.type == "cuda"
             else f"cpu: {env_info.cpu_model()}")
-    num = len(args.batch_sizes.split(",")) * (2 + len(args.det_shares.split(",")))
+    num = len(args.batch_sizes.split(",")) * (2 + 2 * len(args.det_shares.split(",")))
     with tqdm(total=num, desc="(N, variant)") as bar:
         rows = measure(args, shape, device, bar)
     meta = {"device": name, "torch": torch.__version__, "git_commit": env_info.git_commit(),
