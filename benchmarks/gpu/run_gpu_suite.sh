@@ -14,8 +14,8 @@
 #                              with --llm42-allow-unproven-backend) at W 16 B 32, then on a
 #                              second server at W 64 B 4 whose every trial must also equal the
 #                              first server's outputs bitwise (--reference); features without lora
-#   proof-spec                 the proof on speculative servers (issue 37), SmolLM2 ($SMOLLM2_WEIGHTS;
-#                              real for acceptance that means something), features
+#   proof-spec                 the proof on speculative servers (issue 37), SmolLM2
+#                              ($SMOLLM2_WEIGHTS; real for acceptance that means something), features
 #                              $PROOF_SPEC_FEATURES (SGLang serves LoRA only with NGRAM), one
 #                              server per sub-run of $PROOF_SPEC_RUNS, each in proof-spec/RUN/:
 #                              none (llm42 without speculation, mode llm42 only: the reference),
@@ -427,12 +427,13 @@ eagle_draft() {  # a random one-layer EAGLE draft of $MODEL_SMOL (no trained one
 }
 
 spec_run_args() {  # $1 = a proof-spec sub-run: its speculative server flags
-  local steps=" --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
+  local draft=" --speculative-num-steps 3 --speculative-eagle-topk 1"
+  draft+=" --speculative-num-draft-tokens 4 --speculative-draft-model-path"
   case $1 in
     none) echo "" ;;
     ngram) echo " --speculative-algorithm NGRAM --speculative-num-draft-tokens 4" ;;
-    standalone) echo " --speculative-algorithm STANDALONE --speculative-draft-model-path $MODEL_SMOL$steps" ;;
-    eagle) echo " --speculative-algorithm EAGLE --speculative-draft-model-path $MODEL_SMOL-eagle$steps" ;;
+    standalone) echo " --speculative-algorithm STANDALONE$draft $MODEL_SMOL" ;;
+    eagle) echo " --speculative-algorithm EAGLE$draft $MODEL_SMOL-eagle" ;;
   esac
 }
 
