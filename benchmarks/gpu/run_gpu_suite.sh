@@ -15,7 +15,7 @@
 #                              second server at W 64 B 4 whose every trial must also equal the
 #                              first server's outputs bitwise (--reference); features without lora
 #   proof-spec                 the proof on speculative servers (issue 37), SmolLM2
-#                              ($SMOLLM2_WEIGHTS; real for acceptance that means something), features
+#                              ($SMOLLM2_WEIGHTS; real: acceptance that means something), features
 #                              $PROOF_SPEC_FEATURES (SGLang serves LoRA only with NGRAM), one
 #                              server per sub-run of $PROOF_SPEC_RUNS, each in proof-spec/RUN/:
 #                              none (llm42 without speculation, mode llm42 only: the reference),
