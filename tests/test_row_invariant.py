@@ -2,8 +2,8 @@
 
 Token ids and logprobs, greedy and seeded top-p, bitwise equal across W in {3, 8, 16, 64} and B in
 {1, 2, 4, 32} (switched at runtime), batched and solo prefill, prefix cache on and off, two
-chunked-prefill sizes, both scheduler loops, a row budget per step and none, alone, among normal
-traffic and batched, through injected rollbacks. The control:
+chunked-prefill sizes, both scheduler loops, a row budget per step and none, with and without
+NGRAM speculation, alone, among normal traffic and batched, through injected rollbacks. The control:
 the fixed-shape verifier's logprobs change with W and B on the same requests.
 """
 
@@ -47,10 +47,11 @@ def row_server(tiny_model, tmp_path_factory):
 def row_server_apart(tiny_model, tmp_path_factory):
     """Another layout: W = 16, B = 1, no prefix cache, solo prefills (each deterministic prompt
     in a batch of its own, then verified by prompt rows), 64-token chunks, SGLang's normal
-    loop."""
+    loop, and NGRAM speculative decoding on the fast path (candidates from speculative steps)."""
     server = _start(tiny_model, _row_args(16, 1, 0.5) + [
         "--no-llm42-batched-prefill", "--chunked-prefill-size", "64",
-        "--disable-overlap-schedule"],
+        "--disable-overlap-schedule",
+        "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4"],
         "row-invariant-apart", tmp_path_factory)
     yield server
     server.stop()
@@ -88,7 +89,7 @@ def test_outputs_depend_on_the_request_alone(row_server, row_server_apart, sampl
     finally:
         _switch(url, 8, 4)
     assert_same(ref, _outputs(row_server_apart.url, prompts, sampling),
-                "W 16, B 1, solo prefills, no prefix cache, other chunks, normal loop")
+                "W 16, B 1, solo prefills, no prefix cache, other chunks, normal loop, NGRAM")
     stats = llm42_stats(url)
     assert stats["rollbacks"] > 0 and stats["verifier"] == "row-invariant"
     wait_idle_and_healthy(row_server)
