@@ -149,11 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     jsonl.unlink(missing_ok=True)
     for row in rows:
         env_info.append_jsonl(jsonl, {**meta, **row})
-    header = [f"# LM head per decode step: what fp32 logits cost (issue 33)", "",
+    header = ["# LM head per decode step: what fp32 logits cost (issue 33)", "",
               f"`{shlex.join(['python', '-m', 'benchmarks.lm_head_cost', *argv])}`", "",
               f"- device: {name}, torch {torch.__version__}, commit {meta['git_commit']}",
-              f"- LM head [{shape['hidden']} -> {shape['vocab']}], bf16 weights; ms: median of "
-              f"{args.iters} (CUDA graph replays on a GPU)"]
+              (f"- LM head [{shape['hidden']} -> {shape['vocab']}], bf16 weights; ms: median of "
+               f"{args.iters} (CUDA graph replays on a GPU)")]
     table = markdown(rows, header)
     (out / "table.md").write_text(table)
     plot(rows, out / "lm_head_cost.png")

@@ -145,7 +145,7 @@ def test_seeded_requests_accept_drafts_along_their_draws(ngram_server):
     """A seeded request accepts the drafts that equal llm42's seeded draw at their node (NGRAM
     proposes tokens the request itself drew before; the tiny model's argmax drafts of the
     STANDALONE server rarely equal a t = 0.8 draw)."""
-    assert _accepted_drafts(ngram_server.url, dict(temperature=0.8, seed=5)) > 0
+    assert _accepted_drafts(ngram_server.url, {"temperature": 0.8, "seed": 5}) > 0
 
 
 def test_batched_and_n_samples(spec_server, inject_server):
@@ -225,7 +225,7 @@ def test_launch_accepts_the_supported_settings_and_names_the_rest(tiny_model):
                     "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "4"],
             base + ["--speculative-algorithm", "EAGLE3", *draft, "--speculative-eagle-topk", "1"]]
     res = subprocess.run([sys.executable, "-c", _LAUNCH_SCRIPT, json.dumps(runs)],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=300, check=False)
     assert res.returncode == 0 and "\nRESULTS " in res.stdout, res.stderr[-3000:]
     ngram, standalone, topk2, eagle3 = json.loads(res.stdout.rsplit("\nRESULTS ", 1)[1])
     for ok in (ngram, standalone):
@@ -245,8 +245,9 @@ def test_structured_output_under_speculation(spec_server, inject_server, samplin
     one and matches the regex."""
     import re
 
-    send = lambda url, p: generate(url, p, max_new_tokens=40,  # noqa: E731
-                                   sampling={"regex": REGEX}, **sampling)
+    def send(url, p):
+        return generate(url, p, max_new_tokens=40, sampling={"regex": REGEX}, **sampling)
+
     for p in SHORT[:2]:
         ref = send(inject_server.url, p)
         got = send(spec_server.url, p)

@@ -28,12 +28,9 @@ may replay a CUDA graph and the draft model shares the LM-head hook.
 
 from __future__ import annotations
 
-import logging
 import os
 
 from llm42.sglang import det_rows, runtime
-
-logger = logging.getLogger(__name__)
 
 SUPPORTED_ALGORITHMS = ("NGRAM", "STANDALONE", "EAGLE")
 # Test runs: check at every verify step that each deterministic row's draft tree starts from its
