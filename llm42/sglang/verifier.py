@@ -177,8 +177,6 @@ def _sample_rows(scheduler, vpass: VerifyPass, reqs, entries, logits):
     Its llm42 hook (`group_sampling.sampler_forward_hook`) samples each kind of row (greedy /
     top-k / top-p / min-p) on its own, so an entry's token and logprobs depend on its request
     only, and exactly as on the fast path."""
-    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
-
     if not entries:  # only leading rows of long prompts: nothing is compared
         return [None if row.is_pad else RowResult([], [], [], []) for row in vpass.rows]
     entry_reqs = [reqs[r] for r, _ in entries]
@@ -186,12 +184,10 @@ def _sample_rows(scheduler, vpass: VerifyPass, reqs, entries, logits):
     # penalties, grammar masks and logit_bias, as SGLang's model runner adds them before sampling
     verify_logits.apply(logits, entry_reqs, [verify_logits.output_index(req, p)
                                              for req, p in zip(entry_reqs, entry_positions)])
-    out = LogitsProcessorOutput(next_token_logits=logits)
-    info = _sampling_info(entry_reqs, logits.device, scheduler.model_config.vocab_size)
     positions = to_device(entry_positions, torch.int64, logits.device)
     top_nums = [req.logprob.top_logprobs_num if req.return_logprob else 0 for req in entry_reqs]
-    sampler = scheduler.tp_worker.model_runner.sampler
-    ids = sampler(out, info, True, top_nums, [None] * len(entries), positions).tolist()
+    ids, out = _sample(scheduler, entry_reqs, logits, positions, top_nums)
+    ids = ids.tolist()
     lps = out.next_token_logprobs.tolist()
     top_v, top_i = out.next_token_top_logprobs_val, out.next_token_top_logprobs_idx
     per_entry = {
@@ -221,13 +217,20 @@ def sample_tokens(reqs, logits, positions) -> torch.Tensor:
     """Token ids [n] that the model runner's Sampler draws for deterministic rows: row i of
     `logits` [n, V] belongs to `reqs[i]`, its draw keyed by `positions[i]` (a speculative
     step's draft nodes, `speculation`). The logits are used as given."""
+    return _sample(runtime.RUNTIME.scheduler, reqs, logits, positions, None)[0]
+
+
+def _sample(scheduler, reqs, logits, positions, top_nums: list[int] | None):
+    """One call of the model runner's Sampler over deterministic rows (`reqs[i]` owns row i of
+    `logits`): (token ids, its LogitsProcessorOutput, with logprobs when `top_nums` is given)."""
     from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 
-    scheduler = runtime.RUNTIME.scheduler
     out = LogitsProcessorOutput(next_token_logits=logits)
     info = _sampling_info(reqs, logits.device, scheduler.model_config.vocab_size)
     sampler = scheduler.tp_worker.model_runner.sampler
-    return sampler(out, info, False, [0] * len(reqs), [None] * len(reqs), positions)
+    ids = sampler(out, info, top_nums is not None, top_nums or [0] * len(reqs),
+                  [None] * len(reqs), positions)
+    return ids, out
 
 
 def _sampling_info(reqs, device, vocab_size):
