@@ -32,6 +32,7 @@ from .speculative import (
     assign_extend_cache_locs_cpu,
     build_draft_decode_metadata_cpu,
     build_tree_kernel_efficient_cpu,
+    check_pool_shape,
     fill_accept_out_cache_loc_cpu,
     fill_bonus_tokens_cpu,
     verify_tree_greedy_cpu,
@@ -71,11 +72,7 @@ def assign_req_to_token_pool_cpu(
 
     Both ranges are half-open. ``pool_len`` is ``req_to_token.shape[1]``; it is checked, not used.
     """
-    if req_to_token.dim() != 2 or req_to_token.shape[1] != pool_len:
-        raise ValueError(
-            f"assign_req_to_token_pool_cpu: expected req_to_token of shape (num_reqs, {pool_len}), "
-            f"got {tuple(req_to_token.shape)}"
-        )
+    check_pool_shape(req_to_token, pool_len, "assign_req_to_token_pool_cpu")
     rows = req_pool_indices.tolist()
     starts = start_offset.tolist()
     ends = end_offset.tolist()

@@ -49,7 +49,7 @@ def assign_extend_cache_locs_cpu(
     """Gather KV slots: ``out_cache_loc[o_i : o_i + n_i] = req_to_token[row_i, start_i : end_i]``
     with ``n_i = end_i - start_i`` and ``o_i`` the sum of the earlier ``n``. The verify pass reads
     the slots that SGLang over-allocated for the drafts this way."""
-    _check_pool(req_to_token, pool_len, "assign_extend_cache_locs_cpu")
+    check_pool_shape(req_to_token, pool_len, "assign_extend_cache_locs_cpu")
     offset = 0
     for row, start, end in zip(
         req_pool_indices.tolist(), start_offset.tolist(), end_offset.tolist(), strict=True
@@ -70,7 +70,7 @@ def assign_draft_cache_locs_contiguous_cpu(
 ) -> None:
     """The draft-decode write slots: ``out_cache_loc[b * k : (b + 1) * k] =
     req_to_token[row_b, seq_len_b : seq_len_b + k]`` with ``k = topk * num_steps``."""
-    _check_pool(req_to_token, pool_len, "assign_draft_cache_locs_contiguous_cpu")
+    check_pool_shape(req_to_token, pool_len, "assign_draft_cache_locs_contiguous_cpu")
     copy_len = topk * num_steps
     if out_cache_loc.numel() != req_pool_indices.numel() * copy_len:
         raise ValueError(
@@ -99,7 +99,7 @@ def build_draft_decode_metadata_cpu(
     ``seq_len_b + num_steps`` columns of each row are defined."""
     import torch
 
-    _check_pool(req_to_token, pool_len, "build_draft_decode_metadata_cpu")
+    check_pool_shape(req_to_token, pool_len, "build_draft_decode_metadata_cpu")
     out = torch.empty((req_pool_indices.numel() * topk, pool_len), dtype=req_to_token.dtype)
     for b, (row, seq_len) in enumerate(
         zip(req_pool_indices.tolist(), seq_lens.tolist(), strict=True)
@@ -308,7 +308,8 @@ def _parent_slot(selected: list[int], parents: list[int], node: int, topk: int, 
     return n
 
 
-def _check_pool(req_to_token: torch.Tensor, pool_len: int, name: str) -> None:
+def check_pool_shape(req_to_token: torch.Tensor, pool_len: int, name: str) -> None:
+    """``req_to_token`` is SGLang's (num_reqs, pool_len) table; `name` is the op that asks."""
     if req_to_token.dim() != 2 or req_to_token.shape[1] != pool_len:
         raise ValueError(
             f"{name}: expected req_to_token of shape (num_reqs, {pool_len}), "
