@@ -41,6 +41,7 @@ CPU_DEFAULT_ARGS: tuple[tuple[str, str | None], ...] = (
     ("--sleep-on-idle", None),
 )
 _POLL_INTERVAL_S = 0.5
+_PORT_RETRIES = 2  # new ports tried when the chosen one was taken before SGLang bound it
 _STOP_GRACE_S = 20.0
 _LOG_TAIL_CHARS = 4000
 _BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
@@ -106,6 +107,11 @@ class SGLangServerTimeout(SGLangServerError):
     """Still starting when `startup_timeout` ran out (so its log holds no reason)."""
 
 
+class _PortTaken(SGLangServerError):
+    """The HTTP port was bound by another process between ``free_port()`` and SGLang's own bind
+    (at the end of its startup, tens of seconds later); uvicorn then hangs in its shutdown."""
+
+
 class SGLangServer:
     """A ``sglang.launch_server`` subprocess; a context manager that starts and stops it."""
 
@@ -126,6 +132,7 @@ class SGLangServer:
         self.model_path = str(model_path)
         self.host = host
         self._port = port if port is not None else free_port(host)
+        self._port_chosen = port is None  # ours to change when another process takes it
         self.device = device or detect_device()
         self.startup_timeout = startup_timeout
         if log_path is None:
@@ -179,9 +186,29 @@ class SGLangServer:
         self.stop()
 
     def start(self) -> None:
-        """Launch the server and block until ``/health`` is 200 (or raise SGLangServerError)."""
+        """Launch the server and block until ``/health`` is 200 (or raise SGLangServerError).
+
+        A port this object chose itself and another process bound in the meantime (servers
+        started side by side pick their internal ports while ours waits) is replaced by a new
+        free one, up to ``_PORT_RETRIES`` times."""
         if self._process is not None:
             raise RuntimeError(f"server already started (pid {self._process.pid})")
+        retries = _PORT_RETRIES if self._port_chosen else 0
+        for attempt in range(retries + 1):
+            self._launch()
+            try:
+                self._wait_until_healthy()
+                return
+            except _PortTaken:
+                self.stop()
+                if attempt == retries:
+                    raise
+                self._set_port(free_port(self.host))
+            except BaseException:
+                self.stop()
+                raise
+
+    def _launch(self) -> None:
         with open(self._log_path, "wb") as log:
             self._process = subprocess.Popen(
                 self.args,
@@ -191,11 +218,11 @@ class SGLangServer:
                 env=self.env,
                 start_new_session=True,  # own process group: stop() reaches every child
             )
-        try:
-            self._wait_until_healthy()
-        except BaseException:
-            self.stop()
-            raise
+
+    def _set_port(self, port: int) -> None:
+        self._port = port
+        i = self.args.index("--port")
+        self.args[i + 1] = str(port)
 
     def stop(self, grace_s: float | None = None) -> None:
         """Stop the server and every process of its group; raise if any survives SIGKILL.
@@ -268,7 +295,8 @@ class SGLangServer:
                     self._remember_children()
                     return
             except requests.RequestException:
-                pass
+                if f"{self._port}): address already in use" in self._log_tail():
+                    raise _PortTaken(f"port {self._port} taken; log {self._log_path}") from None
             if time.monotonic() > deadline:
                 raise SGLangServerTimeout(
                     f"sglang.launch_server not healthy after {self.startup_timeout:.0f} s "

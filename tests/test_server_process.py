@@ -107,3 +107,34 @@ def test_startup_timeout_stops_the_process_group(tmp_path):
     child_pid = int(server.log_text().split()[1])
     assert is_gone(child_pid), "a SIGTERM-ignoring child must be SIGKILLed by stop()"
     assert not server.is_running()
+
+
+def test_a_port_taken_before_sglang_binds_it_is_replaced(tmp_path):
+    """Servers started side by side: another process may bind the HTTP port this object chose
+    before SGLang binds it at the end of its startup (uvicorn then hangs). The first launch
+    reports the bind error and hangs; the second, on a new port, serves /health."""
+    script = (
+        "import http.server, pathlib, sys, time\n"
+        "port = int(sys.argv[sys.argv.index('--port') + 1])\n"
+        f"marker = pathlib.Path({str(tmp_path / 'tried')!r})\n"
+        "if not marker.exists():\n"
+        "    marker.write_text(str(port))\n"
+        "    print(f\"ERROR:    [Errno 98] error while attempting to bind on address \"\n"
+        "          f\"('127.0.0.1', {port}): address already in use\", flush=True)\n"
+        "    time.sleep(600)\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200); self.end_headers()\n"
+        "http.server.HTTPServer(('127.0.0.1', port), H).serve_forever()\n"
+    )
+    server = fake_server(tmp_path, script, startup_timeout=60)
+    server.args += ["--port", str(server.port)]
+    first = server.port
+    started = time.monotonic()
+    try:
+        server.start()
+        assert server.port != first and int((tmp_path / "tried").read_text()) == first
+        assert server.args[server.args.index("--port") + 1] == str(server.port)
+        assert time.monotonic() - started < 30, "the bind error must be seen, not timed out"
+    finally:
+        server.stop()
