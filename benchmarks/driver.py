@@ -121,6 +121,9 @@ def server_configs(args) -> list[ServerConfig]:
                 ratios, label = _floats(args.det_ratios), f"llm42-w{window}"
                 if getattr(args, "pass_tokens", None):
                     label += f"-b{batch}"
+                if extra != (args.llm42_args or [""])[0] and getattr(
+                        args, "args_variant_ratios", None):
+                    ratios = _floats(args.args_variant_ratios)  # a survey's other variants
                 if extra:
                     flags += shlex.split(extra)
                     meta["llm42_args"] = extra
@@ -182,35 +185,67 @@ def pass_batch_size(args, window: int) -> int:
 _PLAIN_MODE = {"skip_compare": False, "inject_mismatch_rate": 0.0}
 # What POST /llm42_benchmark_mode can switch: configs differing only in these share a server.
 _SWITCHABLE = ("llm42", "llm42-skip-compare", "llm42-inject")
+# --llm42-args flags the endpoint switches too (pass scheduling: when a row is verified, never
+# what it returns), flag -> (mode field, whether the flag takes a value).
+_SCHEDULING_FLAGS = {"--llm42-max-verify-wait": ("max_verify_wait", True),
+                     "--llm42-overlap-verify": ("overlap_verify", False),
+                     "--no-llm42-overlap-verify": ("overlap_verify", False)}
+
+
+def scheduling_mode(llm42_args: str | None) -> tuple[str, dict]:
+    """`--llm42-args` split into what needs a server start of its own (the key of its host) and
+    the pass-scheduling settings a host switches at runtime, every one of `_SCHEDULING_FLAGS`
+    (absent: the flag's default; None for the max verify wait, W // 4)."""
+    from llm42.core.config import Llm42Config
+
+    rest, tokens = [], shlex.split(llm42_args or "")
+    mode = {"max_verify_wait": None, "overlap_verify": Llm42Config().overlap_verify}
+    i = 0
+    while i < len(tokens):
+        flag, _, value = tokens[i].partition("=")
+        if flag in _SCHEDULING_FLAGS:
+            name, takes_value = _SCHEDULING_FLAGS[flag]
+            if takes_value and not value:
+                i += 1
+                value = tokens[i] if i < len(tokens) else ""
+            mode[name] = int(value) if takes_value else not flag.startswith("--no-")
+        else:
+            rest.append(tokens[i])
+        i += 1
+    return shlex.join(rest), mode
 
 
 def attach_variants(configs: list[ServerConfig]) -> list[ServerConfig]:
     """Run every llm42 config that differs from a plain llm42 server only in what
-    POST /llm42_benchmark_mode switches (comparison skipped, injected mismatches, the window)
-    on that server, started with --llm42-benchmark-modes: one start per --llm42-args value.
+    POST /llm42_benchmark_mode switches (comparison skipped, injected mismatches, the window,
+    the max verify wait and overlap-verify of `--llm42-args`) on that server, started with
+    --llm42-benchmark-modes: one start per `--llm42-args` value less those two flags.
 
-    The host is the plain config with the largest window, so a window sweep starts once: any
-    explicit --llm42-max-verify-wait that fits one window of the sweep fits the largest (a
-    smaller window it does not fit becomes skipped rows, not a failed start), and the largest
-    window is checked against the context length before anything runs. A server hosting several
-    windows gets `window_size` in every switched variant's mode. A skip / inject config without
-    a plain llm42 config keeps a start of its own."""
-    hosts: dict[str | None, ServerConfig] = {}  # --llm42-args -> its largest plain window
+    The host is the plain config with the largest window (of those, the first given), so a
+    window sweep starts once: any explicit --llm42-max-verify-wait that fits one window of the
+    sweep fits the largest (a smaller window it does not fit becomes skipped rows, not a failed
+    start), and the largest window is checked against the context length before anything runs.
+    A server hosting several windows (B, scheduling settings) gets `window_size`
+    (`verify_batch_size`, both scheduling fields) in every switched variant's mode. A skip /
+    inject config without a plain llm42 config keeps a start of its own."""
+    hosts: dict[str, ServerConfig] = {}  # --llm42-args less scheduling -> its host
     for cfg in configs:
-        key = cfg.meta.get("llm42_args")
+        key = scheduling_mode(cfg.meta.get("llm42_args"))[0]
         if cfg.kind == "llm42" and (key not in hosts or
                                     cfg.meta["window_size"] > hosts[key].meta["window_size"]):
             hosts[key] = cfg
     out, guests = [], {key: [] for key in hosts}
     for cfg in configs:
-        key = cfg.meta.get("llm42_args")
+        key = scheduling_mode(cfg.meta.get("llm42_args"))[0]
         if cfg.kind in _SWITCHABLE and key in hosts and hosts[key] is not cfg:
             guests[key].append(cfg)
         else:
             out.append(cfg)
     for key, host in hosts.items():
-        windows = {c.meta["window_size"] for c in [host, *guests[key]]}
-        batches = {c.meta["verify_batch_size"] for c in [host, *guests[key]]}
+        group = [host, *guests[key]]
+        windows = {c.meta["window_size"] for c in group}
+        batches = {c.meta["verify_batch_size"] for c in group}
+        schedules = {tuple(scheduling_mode(c.meta.get("llm42_args"))[1].items()) for c in group}
         if guests[key] and "--llm42-benchmark-modes" not in host.flags:
             host.flags.append("--llm42-benchmark-modes")
         for cfg in guests[key]:
@@ -219,6 +254,8 @@ def attach_variants(configs: list[ServerConfig]) -> list[ServerConfig]:
                 mode["window_size"] = cfg.meta["window_size"]
             if len(batches) > 1:
                 mode["verify_batch_size"] = cfg.meta["verify_batch_size"]
+            if len(schedules) > 1:
+                mode.update(scheduling_mode(cfg.meta.get("llm42_args"))[1])
             host.switched.append(ServerConfig(cfg.label, cfg.config, host.flags, cfg.ratios,
                                               {**cfg.meta, "benchmark_mode": mode},
                                               kind=cfg.kind))
@@ -231,6 +268,8 @@ def plain_mode(cfg: ServerConfig) -> dict:
     for key in ("window_size", "verify_batch_size"):
         if any(key in v.meta["benchmark_mode"] for v in cfg.switched):
             mode[key] = cfg.meta[key]
+    if any("overlap_verify" in v.meta["benchmark_mode"] for v in cfg.switched):
+        mode.update(scheduling_mode(cfg.meta.get("llm42_args"))[1])
     return mode
 
 
@@ -293,7 +332,8 @@ def switch_mode(url: str, mode: dict) -> str | None:
         time.sleep(1.0)
     if r.status_code != 200 or not body.get("success"):
         return f"HTTP {r.status_code}: {str(body)[:300]}"
-    wrong = {k: body.get(k) for k, v in mode.items() if body.get(k) != v}
+    # None asks for a flag's default, which the server reports resolved (max_verify_wait: W // 4)
+    wrong = {k: body.get(k) for k, v in mode.items() if v is not None and body.get(k) != v}
     return f"the server reports {wrong}" if wrong else None
 
 
@@ -504,6 +544,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--det-ratios", default="0.02,0.1,0.5,1.0")
     p.add_argument("--variant-ratios", default=None,
                    help="ratios for llm42-skip-compare / llm42-inject (default: --det-ratios)")
+    p.add_argument("--args-variant-ratios", default=None,
+                   help="ratios of the --llm42-args values after the first (default: "
+                        "--det-ratios), e.g. 0.1 for a survey of variants beside a first one "
+                        "run at every ratio")
     p.add_argument("--window-sizes", default="16",
                    help="comma list: one llm42 server each (one for all with --switch-variants)")
     p.add_argument("--verify-batch-size", type=int, default=32)

@@ -14,7 +14,9 @@ Per decode batch size N, on the LM head alone ([N, hidden] @ [vocab, hidden]^T, 
                 deterministic rows kept in fp32 (a candidate: it reads the weights once)
 
 Per N it also checks whether the one-GEMM layout gives normal rows SGLang's bits: SGLang's bf16
-GEMM equal, bit for bit, to the fp32-output GEMM rounded to bf16 (`bf16_is_rounded_fp32`).
+GEMM equal, bit for bit, to the fp32-output GEMM rounded to bf16 (`bf16_is_rounded_fp32`), and
+then for every batch size N = 1 .. --check-rows (each decode graph size and eager batch a server
+may run): `rounding.json` lists the N where it fails, and table.md says so in its header.
 
 Each variant is a CUDA graph replay timed with events (`gemm_timing.timed`), like a decode step.
 The extra ms over `bf16` is what a decode step pays for fp32 logits. Writes results.jsonl,
@@ -24,6 +26,7 @@ table.md and lm_head_cost.png.
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 from collections import defaultdict
@@ -46,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-sizes", default="1,8,32,64,128,256")
     p.add_argument("--det-shares", default="0.1,1.0",
                    help="deterministic shares of the batch for the fp32-det variants")
+    p.add_argument("--check-rows", type=int, default=256,
+                   help="check bf16 == rounded fp32 for every N = 1 .. this (0: skip)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
@@ -106,6 +111,21 @@ def measure(args, shape: dict, device: torch.device, bar) -> list[dict]:
     return rows
 
 
+def rounding_check(args, shape: dict, device: torch.device) -> dict:
+    """`bf16_is_rounded_fp32` for every N = 1 .. --check-rows, random hidden states per N."""
+    g = torch.Generator(device="cpu").manual_seed(args.seed + 1)
+    weight = (torch.randn(shape["vocab"], shape["hidden"], generator=g) * 0.02).to(
+        device=device, dtype=torch.bfloat16)
+    unequal = []
+    for n in tqdm(range(1, args.check_rows + 1), desc="bf16 == rounded fp32, N"):
+        hidden = torch.randn(n, shape["hidden"], generator=g).to(device=device,
+                                                                 dtype=torch.bfloat16)
+        if not bf16_is_rounded_fp32(hidden, weight):
+            unequal.append(n)
+    return {"checked_rows": [1, args.check_rows], "unequal_rows": unequal,
+            "all_equal": args.check_rows > 0 and not unequal}
+
+
 def markdown(rows: list[dict], header: list[str]) -> str:
     cols = ["N", "variant", "fp32 rows", "ms", "extra ms vs bf16", "vs bf16", "graphed",
             "bf16 = rounded fp32"]
@@ -145,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         rows = measure(args, shape, device, bar)
     meta = {"device": name, "torch": torch.__version__, "git_commit": env_info.git_commit(),
             "preset": args.preset, "hidden": shape["hidden"], "vocab": shape["vocab"]}
+    rounding = rounding_check(args, shape, device) if args.check_rows > 0 else None
+    if rounding is not None:
+        (out / "rounding.json").write_text(json.dumps({**meta, **rounding}, indent=1) + "\n")
     jsonl = out / "results.jsonl"
     jsonl.unlink(missing_ok=True)
     for row in rows:
@@ -154,6 +177,11 @@ def main(argv: list[str] | None = None) -> int:
               f"- device: {name}, torch {torch.__version__}, commit {meta['git_commit']}",
               (f"- LM head [{shape['hidden']} -> {shape['vocab']}], bf16 weights; ms: median of "
                f"{args.iters} (CUDA graph replays on a GPU)")]
+    if rounding is not None:
+        bad = rounding["unequal_rows"]
+        header.append(f"- bf16 GEMM == fp32-output GEMM rounded to bf16, N = 1 .. "
+                      f"{args.check_rows}: " + ("**every N**" if not bad else
+                                                f"**fails at {len(bad)} N** (first: {bad[:8]})"))
     table = markdown(rows, header)
     (out / "table.md").write_text(table)
     plot(rows, out / "lm_head_cost.png")

@@ -57,10 +57,11 @@ def test_switch_variants_put_a_window_sweep_on_one_server():
     args = argparse.Namespace(
         configs="nondet,llm42,llm42-inject", window_sizes="16,32,64,128", verify_batch_size=8,
         det_ratios="1.0", variant_ratios="1.0", inject_mismatch_rate=0.5,
-        llm42_args=["", "--llm42-max-verify-wait 8"], switch_variants=True)
+        llm42_args=["", "--llm42-max-passes-per-step 1"], switch_variants=True)
     configs = driver.server_configs(args)
-    assert [c.label for c in configs] == ["nondet", "llm42-w128", "llm42-w128-max-verify-wait8"]
-    for host, suffix in zip(configs[1:], ["", "-max-verify-wait8"]):
+    assert [c.label for c in configs] == ["nondet", "llm42-w128",
+                                          "llm42-w128-max-passes-per-step1"]
+    for host, suffix in zip(configs[1:], ["", "-max-passes-per-step1"]):
         assert host.flags[1:3] == ["--llm42-window-size", "128"]
         assert host.flags[-1] == "--llm42-benchmark-modes"
         assert [v.label for v in host.switched] == [
@@ -84,6 +85,40 @@ def test_switch_variants_put_a_window_sweep_on_one_server():
     apart = driver.server_configs(argparse.Namespace(**{**vars(args), "switch_variants": False,
                                                         "llm42_args": None}))
     assert len(apart) == 1 + 4 + 4 and not any(c.switched for c in apart)
+
+
+def test_pass_scheduling_variants_share_one_server():
+    """--llm42-args variants that differ only in the max verify wait and overlap-verify run on
+    one server (started with the first), each switching both; another flag keeps its own."""
+    from benchmarks import driver
+
+    args = argparse.Namespace(
+        configs="nondet,llm42", window_sizes="64", verify_batch_size=8, det_ratios="0.1,1.0",
+        variant_ratios=None, inject_mismatch_rate=0.5, switch_variants=True,
+        llm42_args=["", "--llm42-max-verify-wait 48 --llm42-overlap-verify",
+                    "--no-llm42-overlap-verify", "--llm42-max-passes-per-step=1"])
+    configs = driver.server_configs(args)
+    assert [c.label for c in configs] == ["nondet", "llm42-w64",
+                                          "llm42-w64-max-passes-per-step=1"]
+    host = configs[1]
+    assert host.flags[-1] == "--llm42-benchmark-modes" and not configs[2].switched
+    assert [(v.label, v.meta["benchmark_mode"]) for v in host.switched] == [
+        ("llm42-w64-max-verify-wait48-overlap-verify",
+         {"skip_compare": False, "inject_mismatch_rate": 0.0, "max_verify_wait": 48,
+          "overlap_verify": True}),
+        ("llm42-w64-no-overlap-verify",
+         {"skip_compare": False, "inject_mismatch_rate": 0.0, "max_verify_wait": None,
+          "overlap_verify": False})]
+    # back to its own: the flags' defaults (overlap-verify on since defaults version 4)
+    assert driver.plain_mode(host) == {"skip_compare": False, "inject_mismatch_rate": 0.0,
+                                       "max_verify_wait": None, "overlap_verify": True}
+    assert [c.ratios for c in [host, *host.switched]] == [[0.1, 1.0]] * 3
+    # a survey: the variants after the first at their own ratios
+    survey = driver.server_configs(argparse.Namespace(**vars(args), args_variant_ratios="0.1"))
+    assert [c.ratios for c in [survey[1], *survey[1].switched, survey[2]]] == [
+        [0.1, 1.0], [0.1], [0.1], [0.1]]
+    assert driver.scheduling_mode("--llm42-max-verify-wait=12 --x 1") == (
+        "--x 1", {"max_verify_wait": 12, "overlap_verify": True})
 
 
 def test_pass_tokens_sweep_keeps_the_pass_size_on_one_server():

@@ -19,7 +19,8 @@ from benchmarks.gpu.install_llm42 import install
 def test_gpu_suite_dry_run_hands_the_driver_arguments_it_accepts(tmp_path):
     """The suite's shell plumbing (LLM42_ARGS variants, BENCH_CONFIGS, PREFILL_GRAPHS, TIMELINE,
     ONLINE_RATE lists) checked
-    without a GPU: its driver command lines must parse and give one server per variant."""
+    without a GPU: its driver command lines must parse and give one server per variant (one
+    for those that differ only in pass scheduling)."""
     from benchmarks import driver
 
     suite = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "run_gpu_suite.sh"
@@ -40,9 +41,12 @@ def test_gpu_suite_dry_run_hands_the_driver_arguments_it_accepts(tmp_path):
         assert "--cuda-graph-backend-prefill=disabled" not in args.server_args
         assert args.timeline
         llm42 = [c for c in configs if c.config == "llm42"]
-        assert [c.label for c in llm42] == [
-            "llm42-w16", "llm42-w16-max-verify-wait48", "llm42-w16-no-batched-prefill"]
-        assert llm42[2].flags[-1] == "--no-llm42-batched-prefill"
+        # the max-verify-wait variant differs only in when rows are verified: switched at
+        # runtime on the first server (SWITCH_VARIANTS=1)
+        assert [c.label for c in llm42] == ["llm42-w16", "llm42-w16-no-batched-prefill"]
+        assert [v.label for v in llm42[0].switched] == ["llm42-w16-max-verify-wait48"]
+        assert llm42[0].switched[0].meta["benchmark_mode"]["max_verify_wait"] == 48
+        assert llm42[1].flags[-1] == "--no-llm42-batched-prefill"
     assert [c.label for c in driver.server_configs(driver.build_parser().parse_args(
         drivers[0]))][0] == "nondet"
     online = driver.build_parser().parse_args(drivers[1])  # a load curve: one workload per rate

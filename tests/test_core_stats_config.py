@@ -200,7 +200,7 @@ def test_config_errors(kwargs, context_length, message) -> None:
 def test_config_valid(kwargs, context_length) -> None:
     config = Llm42Config(**kwargs)
     config.validate(context_length)
-    assert Llm42Config().window_size == 16 and Llm42Config().verify_batch_size == 32
+    assert Llm42Config().window_size == 64 and Llm42Config().verify_batch_size == 8
 
 
 def test_verify_wait_default_is_a_quarter_window() -> None:
@@ -241,6 +241,10 @@ def test_which_deterministic_prefills_run_alone(kwargs, threshold) -> None:
      {"window_size": 32, "verify_batch_size": 16}),
     ({"window_size": 128, "inject_mismatch_rate": 0}, {"window_size": 128,
                                                        "inject_mismatch_rate": 0.0}),
+    ({"max_verify_wait": 0, "overlap_verify": True},  # pass scheduling, outputs unchanged
+     {"max_verify_wait": 0, "overlap_verify": True}),
+    ({"max_verify_wait": 48, "overlap_verify": False},
+     {"max_verify_wait": 48, "overlap_verify": False}),
 ])
 def test_benchmark_mode_parses(body, mode) -> None:
     from llm42.core.config import parse_benchmark_mode
@@ -260,7 +264,11 @@ def test_benchmark_mode_parses(body, mode) -> None:
     ({"window_size": "16"}, "window_size must be an integer >= 1"),
     ({"verify_batch_size": 0}, "verify_batch_size must be an integer >= 1, got 0"),
     ({"verify_batch_size": 4.0}, "verify_batch_size must be an integer >= 1, got 4.0"),
-    ({"max_verify_wait": 4}, "unknown field 'max_verify_wait'"),  # not switchable
+    ({"max_verify_wait": -1}, "max_verify_wait must be an integer >= 0 or null, got -1"),
+    ({"max_verify_wait": 4.0}, "max_verify_wait must be an integer >= 0 or null, got 4.0"),
+    ({"max_verify_wait": True}, "max_verify_wait must be an integer >= 0 or null, got True"),
+    ({"overlap_verify": 1}, "overlap_verify must be true or false, got 1"),
+    ({"max_passes_per_step": 1}, "unknown field 'max_passes_per_step'"),  # not switchable
     (None, "JSON object"),
 ])
 def test_benchmark_mode_errors_name_the_field(body, message) -> None:
@@ -303,9 +311,27 @@ def test_window_switch_is_validated_like_the_flags() -> None:
             "window_size cannot switch from 64 to 16 while 2 deterministic request(s) are in "
             "flight: a window or pass-size switch needs an idle server")):
         with_benchmark_mode(config, {"window_size": 16}, num_det_in_flight=2)
-    with pytest.raises(ModeSwitchBusy, match="verify_batch_size cannot switch from 32 to 8"):
-        with_benchmark_mode(config, {"verify_batch_size": 8}, num_det_in_flight=1)
-    assert with_benchmark_mode(config, {"verify_batch_size": 8}).verify_batch_size == 8
+    with pytest.raises(ModeSwitchBusy, match="verify_batch_size cannot switch from 8 to 4"):
+        with_benchmark_mode(config, {"verify_batch_size": 4}, num_det_in_flight=1)
+    assert with_benchmark_mode(config, {"verify_batch_size": 4}).verify_batch_size == 4
     # the window it already has, or other fields, switch with requests in flight
     assert with_benchmark_mode(config, {"window_size": 64, "skip_compare": True},
                                num_det_in_flight=2).skip_compare
+
+
+def test_pass_scheduling_switches_in_flight_and_is_validated_like_the_flags() -> None:
+    """max_verify_wait and overlap_verify decide only when a row is verified: they switch with
+    deterministic requests in flight; a wait must stay below the window, as the flag must."""
+    from llm42.core.config import with_benchmark_mode
+
+    config = Llm42Config(window_size=64, benchmark_modes=True)
+    switched = with_benchmark_mode(config, {"max_verify_wait": 48, "overlap_verify": True},
+                                   num_det_in_flight=3)
+    assert (switched.verify_wait_steps, switched.overlap_verify) == (48, True)
+    assert switched.echo()["max_verify_wait"] == 48
+    auto = with_benchmark_mode(switched, {"max_verify_wait": None, "window_size": 32})
+    assert auto.verify_wait_steps == 8, "null: the default again, W // 4 of the new W"
+    with pytest.raises(ValueError, match=re.escape(
+            "--llm42-max-verify-wait must be in [0, window size), got 64 with "
+            "--llm42-window-size 64")):
+        with_benchmark_mode(config, {"max_verify_wait": 64})

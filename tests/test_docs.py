@@ -126,7 +126,7 @@ def test_links_resolve(page):
 
 # Settings whose defaults decide a headline number (echoed by /llm42_stats, recorded in results).
 _HEADLINE_SETTINGS = ("window_size", "verify_batch_size", "max_verify_wait", "fp32_logits",
-                      "batched_prefill", "defaults_version")
+                      "batched_prefill", "overlap_verify", "defaults_version")
 _OLDER_DEFAULTS = "previous defaults"  # how a caption or row says it predates the defaults
 
 
@@ -182,7 +182,8 @@ def test_headline_check_tells_defaults_apart():
     defaults = Llm42Config().echo()
     record = {"llm42_stats": {key: defaults[key] for key in _HEADLINE_SETTINGS}}
     assert _ran_at_defaults(record, defaults)
-    for key, other in (("window_size", 64), ("fp32_logits", False), ("defaults_version", 2)):
+    for key, other in (("window_size", 16), ("fp32_logits", False), ("overlap_verify", False),
+                       ("defaults_version", 3)):
         assert not _ran_at_defaults({"llm42_stats": {**record["llm42_stats"], key: other}},
                                     defaults), key
     assert not _ran_at_defaults({}, defaults)

@@ -260,7 +260,7 @@ def test_benchmark_modes_switch_on_a_running_server(llm42_server):
         assert _mode(llm42_server, {"inject_mismatch_rate": 1.0}).json() == {
             "success": True, "skip_compare": False, "inject_mismatch_rate": 1.0,
             "window_size": WINDOW, "verify_batch_size": VERIFY_BATCH,
-            "max_verify_wait": WINDOW // 4}
+            "max_verify_wait": WINDOW // 4, "overlap_verify": False}
         requests.post(url + "/reset_llm42_stats", timeout=30)
         injected = generate(url, prompt, det=True, max_new_tokens=24)
         stats = requests.get(url + "/llm42_stats", timeout=30).json()
@@ -271,14 +271,26 @@ def test_benchmark_modes_switch_on_a_running_server(llm42_server):
         assert _mode(llm42_server, {"inject_mismatch_rate": 0, "skip_compare": True}).json() == {
             "success": True, "skip_compare": True, "inject_mismatch_rate": 0.0,
             "window_size": WINDOW, "verify_batch_size": VERIFY_BATCH,
-            "max_verify_wait": WINDOW // 4}
+            "max_verify_wait": WINDOW // 4, "overlap_verify": False}
         requests.post(url + "/reset_llm42_stats", timeout=30)
         generate(url, prompt, det=True, max_new_tokens=24)
         stats = requests.get(url + "/llm42_stats", timeout=30).json()
         assert stats["skip_compare"] and stats["verify_passes"] >= 3, stats
         assert stats["rollbacks"] == stats["injected_mismatches"] == 0, stats
+
+        # pass scheduling: every full window verified at once, queued behind the decode step in
+        # flight; when a row is verified does not change what it returns
+        assert _mode(llm42_server, {"skip_compare": False, "max_verify_wait": 0,
+                                    "overlap_verify": True}).json()["overlap_verify"] is True
+        requests.post(url + "/reset_llm42_stats", timeout=30)
+        scheduled = generate(url, prompt, det=True, max_new_tokens=24)
+        stats = requests.get(url + "/llm42_stats", timeout=30).json()
+        assert (stats["max_verify_wait"], stats["overlap_verify"]) == (0, True), stats
+        assert stats["overlapped_passes"] >= 1, stats
+        assert scheduled[:2] == base[:2], "tokens and logprobs as with the flags' defaults"
     finally:
-        _mode(llm42_server, {"inject_mismatch_rate": 0.0, "skip_compare": False})
+        _mode(llm42_server, {"inject_mismatch_rate": 0.0, "skip_compare": False,
+                             "max_verify_wait": None, "overlap_verify": False})
     stats = requests.get(url + "/llm42_stats", timeout=30).json()
     assert not stats["skip_compare"] and stats["inject_mismatch_rate"] == 0.0
 
@@ -292,7 +304,9 @@ def test_benchmark_modes_switch_on_a_running_server(llm42_server):
     ({"window_size": True}, "window_size must be an integer >= 1"),
     ({"window_size": 2048}, "window_size 2048 refused"),  # over the context length (1024)
     ({"verify_batch_size": 0}, "verify_batch_size must be an integer >= 1"),
-    ({"max_verify_wait": 2}, "'max_verify_wait'"),  # not switchable
+    ({"max_verify_wait": WINDOW}, "--llm42-max-verify-wait must be in [0, window size)"),
+    ({"overlap_verify": "on"}, "overlap_verify must be true or false"),
+    ({"max_passes_per_step": 1}, "'max_passes_per_step'"),  # not switchable
     ([0.5], "JSON object"),
 ])
 def test_benchmark_mode_bad_body_is_400_naming_the_field(llm42_server, body, field):
@@ -302,7 +316,7 @@ def test_benchmark_mode_bad_body_is_400_naming_the_field(llm42_server, body, fie
     assert malformed.status_code == 400, malformed.text
     stats = requests.get(llm42_server.url + "/llm42_stats", timeout=30).json()
     assert not stats["skip_compare"] and stats["inject_mismatch_rate"] == 0.0
-    assert stats["window_size"] == WINDOW
+    assert stats["window_size"] == WINDOW and stats["max_verify_wait"] == WINDOW // 4
 
 
 def test_benchmark_modes_are_off_without_the_flag(inject_server, plain_server):

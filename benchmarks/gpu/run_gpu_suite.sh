@@ -126,6 +126,9 @@
 #   LLM42_ARGS="" (extra flags of every llm42 server of the driver steps, e.g.
 #   "--llm42-max-verify-wait 64"; they also name the server in the tables; ';' separates
 #   variants, one server each: ";--llm42-max-verify-wait 64" = defaults, then wait 64)
+#   ARGS_VARIANT_RATIOS="" (ratios of the LLM42_ARGS variants after the first; default DET_RATIOS.
+#   Variants differing only in --llm42-max-verify-wait / --llm42-overlap-verify share a server
+#   with SWITCH_VARIANTS=1, switched at runtime)
 #   BENCH_CONFIGS=nondet,sglang-det,llm42 (configs of a bench-WORKLOAD step without -CONFIG)
 #   PREFILL_GRAPHS=0 (1: keep SGLang's prefill CUDA graphs for every config)
 #   TIMELINE=0 (1: every server, baselines too, records a step timeline, summarized in
@@ -197,6 +200,7 @@ SPEC_RATIOS=${SPEC_RATIOS:-0.1,1.0}
 SPEC_PROMPTS=${SPEC_PROMPTS:-1024}
 SPEC_CONFIGS=${SPEC_CONFIGS:-nondet,nondet-no-overlap,nondet-spec,llm42,llm42-spec}
 LLM42_ARGS=${LLM42_ARGS:-}
+ARGS_VARIANT_RATIOS=${ARGS_VARIANT_RATIOS:-}
 EXTRA_SERVER_ARGS=${EXTRA_SERVER_ARGS:-}
 # Identical for every configuration but nondet-defaults, which drops the like-for-like flags
 # (benchmarks/driver.py LIKE_FOR_LIKE_FLAGS: the pytorch sampler llm42 needs, no radix cache, no
@@ -358,6 +362,7 @@ driver() {  # $1 = step name, $2 = model, $3 = configs, $4 = ratios, then driver
   log "step $step: configs $configs ratios $ratios model $model"
   env_python -m benchmarks.driver --model-path "$model" --out-dir "$RUN_DIR/$step" \
     --configs "$configs" --det-ratios "$ratios" --variant-ratios "$VARIANT_RATIOS" \
+    ${ARGS_VARIANT_RATIOS:+--args-variant-ratios "$ARGS_VARIANT_RATIOS"} \
     --verify-batch-size "$VERIFY_BS" ${PASS_TOKENS:+--pass-tokens "$PASS_TOKENS"} \
     --inject-mismatch-rate "$INJECT_RATE" --server-args "$COMMON_ARGS $fmt --random-seed 7" --port "${PORT:-30000}" \
     --startup-timeout "$STARTUP_TIMEOUT" --budget-s "$budget" --min-config-s "$MIN_CONFIG_S" \

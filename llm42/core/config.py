@@ -19,9 +19,10 @@ from dataclasses import Field, dataclass, field, fields, replace
 DEFAULT_SOLO_PREFILL_MIN_TOKENS = 1024
 # Raised whenever a default changes what deterministic requests return or what llm42 costs
 # (1: W 64, B 8, bf16 logits; 2: W 16, B 32, fp32 logits for every row; 3: fp32 logits for
-# deterministic and pass rows only). `/llm42_stats` reports it, so benchmark results record it
-# and the README's headline rows can be checked against the defaults in force.
-DEFAULTS_VERSION = 3
+# deterministic and pass rows only; 4: W 64, B 8 again, overlap-verify on: issue 33's 8B
+# ShareGPT throughput, docs/tuning.md). `/llm42_stats` reports it, so benchmark results record
+# it and the README's headline rows can be checked against the defaults in force.
+DEFAULTS_VERSION = 4
 
 
 def _setting(default, flag: str | None, help: str, *, echo_as: str | None = None,
@@ -41,10 +42,10 @@ VERIFIERS = (FIXED_SHAPE, ROW_INVARIANT)
 @dataclass(frozen=True)
 class Llm42Config:
     window_size: int = _setting(
-        16, "--llm42-window-size",
+        64, "--llm42-window-size",
         "Tokens decoded per deterministic request before they are verified (W).")
     verify_batch_size: int = _setting(
-        32, "--llm42-verify-batch-size",
+        8, "--llm42-verify-batch-size",
         "Rows per verification pass (B); the pass always has B x W tokens.")
     inject_mismatch_rate: float = _setting(
         0.0, "--llm42-inject-mismatch-rate",
@@ -80,11 +81,12 @@ class Llm42Config:
         "request and room for it), so that a prefill and a pass do not lengthen the same gap "
         "between decode steps; overdue jobs (2 x the max verify wait + 1 steps) run regardless.")
     overlap_verify: bool = _setting(
-        False, "--llm42-overlap-verify",
+        True, "--llm42-overlap-verify",
         "Overlap scheduler (SGLang's default): queue a verification pass behind the decode step "
         "in flight and process that step's result while the GPU verifies, instead of waiting "
         "for it first (passes of full windows and prompts; a finishing request's partial window "
-        "still waits). Outputs unchanged; the H200 determinism proof passed with it.")
+        "still waits). On by default; --no-llm42-overlap-verify waits first. Outputs "
+        "unchanged; the H200 determinism proof passed with it.")
     batched_prefill: bool = _setting(
         True, "--llm42-batched-prefill",
         "Prefill deterministic requests on the fast path together with other requests and "
@@ -124,11 +126,12 @@ class Llm42Config:
     benchmark_modes: bool = _setting(
         False, "--llm42-benchmark-modes",
         "Benchmarking only: accept POST /llm42_benchmark_mode {\"skip_compare\": bool, "
-        "\"inject_mismatch_rate\": float, \"window_size\": int, \"verify_batch_size\": int} to "
-        "switch those settings on the "
-        "running server between benchmark runs (one server start for llm42, comparison-skipped "
-        "and injected runs, and a window sweep). A window switch needs an idle server: with "
-        "deterministic requests in flight it is refused (409). Off (default): the endpoint "
+        "\"inject_mismatch_rate\": float, \"window_size\": int, \"verify_batch_size\": int, "
+        "\"max_verify_wait\": int or null, \"overlap_verify\": bool} to switch those settings "
+        "on the running server between benchmark runs (one server start for llm42, "
+        "comparison-skipped and injected runs, a window sweep and a survey of the pass "
+        "scheduling). A window or B switch needs an idle server: with deterministic requests "
+        "in flight it is refused (409). Off (default): the endpoint "
         "answers 403, since skip_compare turns determinism off.")
     allow_unproven_backend: bool = _setting(
         False, "--llm42-allow-unproven-backend",
@@ -264,8 +267,10 @@ def setting_fields() -> list[Field]:
 
 
 # What POST /llm42_benchmark_mode may switch on a running server (--llm42-benchmark-modes).
+# max_verify_wait and overlap_verify change only when a row is verified, so a defaults survey
+# (issue 33) runs them on one server start too.
 BENCHMARK_MODE_FIELDS = ("skip_compare", "inject_mismatch_rate", "window_size",
-                         "verify_batch_size")
+                         "verify_batch_size", "max_verify_wait", "overlap_verify")
 
 
 class ModeSwitchBusy(RuntimeError):
@@ -284,10 +289,11 @@ def parse_benchmark_mode(body) -> dict:
         raise ValueError(f"unknown field {unknown[0]!r}: only "
                          f"{', '.join(BENCHMARK_MODE_FIELDS)} can be switched at runtime")
     mode = {}
-    if "skip_compare" in body:
-        if not isinstance(body["skip_compare"], bool):
-            raise ValueError(f"skip_compare must be true or false, got {body['skip_compare']!r}")
-        mode["skip_compare"] = body["skip_compare"]
+    for name in ("skip_compare", "overlap_verify"):
+        if name in body:
+            if not isinstance(body[name], bool):
+                raise ValueError(f"{name} must be true or false, got {body[name]!r}")
+            mode[name] = body[name]
     if "inject_mismatch_rate" in body:
         rate = body["inject_mismatch_rate"]
         if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (
@@ -300,6 +306,11 @@ def parse_benchmark_mode(body) -> dict:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
             mode[name] = value
+    if "max_verify_wait" in body:  # null: the flag's default (W // 4, following W)
+        wait = body["max_verify_wait"]
+        if wait is not None and (isinstance(wait, bool) or not isinstance(wait, int) or wait < 0):
+            raise ValueError(f"max_verify_wait must be an integer >= 0 or null, got {wait!r}")
+        mode["max_verify_wait"] = wait
     return mode
 
 

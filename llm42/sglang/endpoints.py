@@ -82,9 +82,8 @@ def tokenizer_manager_init_hook(result, tokenizer_manager, *args, **kwargs):
         if not (getattr(args, "enable_llm42", False) and getattr(args, "llm42_benchmark_modes",
                                                                   False)):
             return _error(403, "benchmark modes are off: start the server with --enable-llm42 "
-                               "--llm42-benchmark-modes to switch skip_compare, "
-                               "inject_mismatch_rate, window_size and verify_batch_size at "
-                               "runtime")
+                               "--llm42-benchmark-modes to switch "
+                               f"{', '.join(BENCHMARK_MODE_FIELDS)} at runtime")
         try:
             mode = parse_benchmark_mode(await request.json())
             # flag-dependent checks of a new window (max verify wait, context length) here too,
@@ -104,8 +103,7 @@ def tokenizer_manager_init_hook(result, tokenizer_manager, *args, **kwargs):
                 return _error(409 if busy else 400, (busy or refusals)[0]["message"])
         states = merge_snapshots(ranks)
         return ORJSONResponse({"success": bool(updated) and all(updated),
-                               **{k: states.get(k) for k in BENCHMARK_MODE_FIELDS},
-                               "max_verify_wait": states.get("max_verify_wait")})
+                               **{k: states.get(k) for k in BENCHMARK_MODE_FIELDS}})
 
     app.add_api_route("/llm42_stats", llm42_stats, methods=["GET"])
     app.add_api_route("/reset_llm42_stats", reset_llm42_stats, methods=["POST"])

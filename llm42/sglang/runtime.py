@@ -60,9 +60,8 @@ class Llm42Runtime:
             self.metrics = Llm42Metrics()
 
     def switch_benchmark_mode(self, mode: dict, num_det_in_flight: int = 0) -> bool:
-        """POST /llm42_benchmark_mode: skip_compare / inject_mismatch_rate / window_size /
-        verify_batch_size from
-        the next decision on; the injector starts its seeded sequence again, so each run
+        """POST /llm42_benchmark_mode: the settings of `BENCHMARK_MODE_FIELDS` from the next
+        decision on; the injector starts its seeded sequence again, so each run
         injects the same way. A refusal is logged and kept, with its reason, in
         `mode_refusal` (read back by the endpoint through the stats snapshot)."""
         try:
@@ -80,9 +79,9 @@ class Llm42Runtime:
         self.config, self.mode_refusal = config, None
         self.injector = MismatchInjector(config.inject_mismatch_rate, config.seed)
         logger.info("llm42 benchmark mode: skip compare %s, inject mismatch rate %.3f, window "
-                    "%d, verify batch %d (max verify wait %d)", config.skip_compare,
-                    config.inject_mismatch_rate, config.window_size, config.verify_batch_size,
-                    config.verify_wait_steps)
+                    "%d, verify batch %d, max verify wait %d, overlap verify %s",
+                    config.skip_compare, config.inject_mismatch_rate, config.window_size,
+                    config.verify_batch_size, config.verify_wait_steps, config.overlap_verify)
         return True
 
     def snapshot(self) -> dict:
