@@ -186,3 +186,106 @@ def test_the_row_check_catches_a_row_from_another_hidden_state(hooked, monkeypat
     with pytest.raises(RuntimeError):
         fp32_logits.check_same_rows(fp32_logits.fp32_matmul(hidden[[2, 3]], lm_head.weight),
                                     bf16[[1, 4]])
+
+
+# --- one GEMM for rows of both kinds, where it is exact (issue 33) ---------------------------
+
+_CPU_RUNNER = SimpleNamespace(server_args=SimpleNamespace(enable_dp_attention=False),
+                              device="cpu")
+
+
+@pytest.fixture
+def one_gemm(monkeypatch):
+    """A fresh exactness cache; `_one_gemm_exact` counted and answering `exact`."""
+    checks = []
+    monkeypatch.setattr(fp32_logits, "_EXACT", {})
+    monkeypatch.setattr(fp32_logits, "_GRAPH_ONE_GEMM", {})
+    monkeypatch.setattr(fp32_logits, "_GRAPH_MASK", None)
+    monkeypatch.setattr(fp32_logits, "_GRAPH_HIDDEN", None)
+    real = fp32_logits._one_gemm_exact
+
+    def exact(weight, rows):
+        checks.append(rows)
+        return real(weight, rows) if checks_answer[0] is None else checks_answer[0]
+
+    checks_answer = [None]
+    monkeypatch.setattr(fp32_logits, "_one_gemm_exact", exact)
+    return checks, checks_answer
+
+
+@pytest.mark.parametrize("mode", ["DECODE", "EXTEND"])
+def test_one_gemm_gives_normal_rows_sglangs_bits_and_det_rows_fp32(hooked, one_gemm, mode):
+    """Where the check holds, one fp32-output GEMM serves every row, no recompute: normal rows
+    are SGLang's bf16 logits bit for bit, deterministic rows that GEMM's fp32 rows. The check
+    runs once per N."""
+    forward, hidden, lm_head = hooked
+    checks, answer = one_gemm
+    answer[0] = True
+    det = [False, True, False, False, True, False]
+    for _ in range(2):
+        out = fp32_logits.model_forward_hook(forward, _CPU_RUNNER, _batch(det, mode))
+    logits = out.logits_output.next_token_logits
+    full = fp32_logits.fp32_matmul(hidden, lm_head.weight)
+    bf16 = _original(None, hidden, lm_head).float()
+    assert torch.equal(logits[[0, 2, 3, 5]], full.to(torch.bfloat16).float()[[0, 2, 3, 5]])
+    assert torch.equal(logits[[1, 4]], full[[1, 4]])
+    assert checks == [6], "one check per N"
+    if torch.equal(full.to(torch.bfloat16), _original(None, hidden, lm_head)):
+        assert torch.equal(logits[[0, 2, 3, 5]], bf16[[0, 2, 3, 5]])  # what the check means
+
+
+def test_an_n_that_fails_the_check_keeps_the_recompute(hooked, one_gemm, monkeypatch):
+    """bf16 != rounded fp32 for this N (or the layout turned off, or a logit scale): SGLang's
+    bf16 head for every row, then the deterministic rows recomputed (a GEMM of their own)."""
+    forward, hidden, lm_head = hooked
+    checks, answer = one_gemm
+    det = [False, True, False, False, True, False]
+    bf16 = _original(None, hidden, lm_head).float()
+    recomputed = fp32_logits.fp32_matmul(hidden[[1, 4]], lm_head.weight)
+
+    def run():
+        out = fp32_logits.model_forward_hook(forward, _CPU_RUNNER, _batch(det)).logits_output
+        return out.next_token_logits
+
+    answer[0] = False
+    logits = run()
+    assert torch.equal(logits[[0, 2, 3, 5]], bf16[[0, 2, 3, 5]])
+    assert torch.equal(logits[[1, 4]], recomputed) and checks == [6]
+    answer[0] = True
+    monkeypatch.setattr(fp32_logits, "_EXACT", {})
+    monkeypatch.setenv(fp32_logits.LAYOUT_ENV, "recompute")
+    assert torch.equal(run()[[1, 4]], recomputed) and checks == [6], "never checked"
+    monkeypatch.delenv(fp32_logits.LAYOUT_ENV)
+    full = fp32_logits.fp32_matmul(hidden, lm_head.weight)
+    assert torch.equal(run()[[1, 4]], full[[1, 4]]) and checks == [6, 6]
+
+
+def test_a_decode_graph_captured_with_one_gemm_reads_the_rows_mask(hooked, one_gemm,
+                                                                   monkeypatch):
+    """A decode graph: its N is checked in the warm-up forward before the capture; the capture
+    records the one-GEMM layout, and every replay reads the mask `model_forward_hook` writes
+    before it (emulated here by running the captured code again), with no recompute after."""
+    forward, hidden, lm_head = hooked
+    checks, answer = one_gemm
+    answer[0] = True
+    processor = _sglang_processor(lm_head.weight.shape[0])
+    capturing = [False]
+    monkeypatch.setattr(fp32_logits, "_capturing", lambda h: capturing[0])
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))  # a GPU's forward
+    warmup = fp32_logits.compute_lm_head_hook(_original, processor, hidden, lm_head)
+    assert checks == [6] and warmup.dtype == torch.bfloat16  # a plain forward, checked
+    capturing[0] = True
+    fp32_logits.compute_lm_head_hook(_original, processor, hidden, lm_head)  # the capture
+    assert fp32_logits._GRAPH_ONE_GEMM == {6: True}
+    recomputes = []
+    monkeypatch.setattr(fp32_logits, "recompute_rows", lambda *a: recomputes.append(a))
+    full = fp32_logits.fp32_matmul(hidden, lm_head.weight)
+    for det in ([False, True, False, False, True, False], [True, False, False, False, False,
+                                                           False], [False] * 6):
+        out = fp32_logits.model_forward_hook(forward, _CPU_RUNNER, _batch(det))  # a replay
+        logits = out.logits_output.next_token_logits
+        for i, is_det in enumerate(det):
+            expected = full[i] if is_det else full[i].to(torch.bfloat16).float()
+            assert torch.equal(logits[i], expected), (det, i)
+    assert not recomputes
+    assert fp32_logits._graph_used_one_gemm(4) and not fp32_logits._graph_used_one_gemm(7)

@@ -16,9 +16,11 @@ W = 4
 
 
 def _after_step(state: DetRequestState) -> DetRequestState:
-    """What processing the in-flight decode step does to a request: one more candidate."""
+    """What processing the in-flight decode step does to a request: one more candidate, unless
+    its finish is withheld: the token past it is dropped (`update_finish_state_hook`)."""
     later = dataclasses.replace(state)
-    later.append_candidates(1)
+    if not state.is_finishing:
+        later.append_candidates(1)
     return later
 
 
@@ -26,8 +28,9 @@ def _after_step(state: DetRequestState) -> DetRequestState:
     (make_state(W, u=1, n=5), True),    # window 0 full (n >= e = 5)
     (make_state(W, u=1, n=7), True),    # full, candidates already past it
     (make_state(W, u=5, n=9), True),    # window 1 full
-    (make_state(W, u=1, n=3, finishing=True), False),  # partial window of a finishing request
-    (make_state(W, u=5, n=6, finishing=True), False),
+    (make_state(W, u=1, n=3, finishing=True), True),  # partial window of a finishing request
+    (make_state(W, u=5, n=6, finishing=True), True),
+    (make_state(W, u=1, n=3), False),  # a partial window still decoding (not ready anyway)
     (DetRequestState(rid="p", window_size=W, num_prompt_tokens=9, verify_prompt=True,
                      num_verified_tokens=0, num_output_tokens=1), True),  # prompt pass: o_0
 ])

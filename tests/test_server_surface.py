@@ -260,7 +260,7 @@ def test_benchmark_modes_switch_on_a_running_server(llm42_server):
         assert _mode(llm42_server, {"inject_mismatch_rate": 1.0}).json() == {
             "success": True, "skip_compare": False, "inject_mismatch_rate": 1.0,
             "window_size": WINDOW, "verify_batch_size": VERIFY_BATCH,
-            "max_verify_wait": WINDOW // 4, "overlap_verify": False}
+            "max_verify_wait": WINDOW // 4, "overlap_verify": True}
         requests.post(url + "/reset_llm42_stats", timeout=30)
         injected = generate(url, prompt, det=True, max_new_tokens=24)
         stats = requests.get(url + "/llm42_stats", timeout=30).json()
@@ -271,26 +271,31 @@ def test_benchmark_modes_switch_on_a_running_server(llm42_server):
         assert _mode(llm42_server, {"inject_mismatch_rate": 0, "skip_compare": True}).json() == {
             "success": True, "skip_compare": True, "inject_mismatch_rate": 0.0,
             "window_size": WINDOW, "verify_batch_size": VERIFY_BATCH,
-            "max_verify_wait": WINDOW // 4, "overlap_verify": False}
+            "max_verify_wait": WINDOW // 4, "overlap_verify": True}
         requests.post(url + "/reset_llm42_stats", timeout=30)
         generate(url, prompt, det=True, max_new_tokens=24)
         stats = requests.get(url + "/llm42_stats", timeout=30).json()
         assert stats["skip_compare"] and stats["verify_passes"] >= 3, stats
         assert stats["rollbacks"] == stats["injected_mismatches"] == 0, stats
 
-        # pass scheduling: every full window verified at once, queued behind the decode step in
-        # flight; when a row is verified does not change what it returns
-        assert _mode(llm42_server, {"skip_compare": False, "max_verify_wait": 0,
-                                    "overlap_verify": True}).json()["overlap_verify"] is True
-        requests.post(url + "/reset_llm42_stats", timeout=30)
-        scheduled = generate(url, prompt, det=True, max_new_tokens=24)
-        stats = requests.get(url + "/llm42_stats", timeout=30).json()
-        assert (stats["max_verify_wait"], stats["overlap_verify"]) == (0, True), stats
-        assert stats["overlapped_passes"] >= 1, stats
-        assert scheduled[:2] == base[:2], "tokens and logprobs as with the flags' defaults"
+        # pass scheduling: passes queued behind the decode step in flight (the default) or
+        # after its result is processed, every full window verified at once; when a row is
+        # verified does not change what it returns
+        overlapped = {}
+        for overlap in (True, False):
+            assert _mode(llm42_server, {"skip_compare": False, "max_verify_wait": 0,
+                                        "overlap_verify": overlap}).json()["overlap_verify"] is (
+                overlap)
+            requests.post(url + "/reset_llm42_stats", timeout=30)
+            scheduled = generate(url, prompt, det=True, max_new_tokens=24)
+            stats = requests.get(url + "/llm42_stats", timeout=30).json()
+            assert (stats["max_verify_wait"], stats["overlap_verify"]) == (0, overlap), stats
+            assert scheduled[:2] == base[:2], "tokens and logprobs as with the flags' defaults"
+            overlapped[overlap] = stats["overlapped_passes"]
+        assert overlapped[True] >= 1 and overlapped[False] == 0, overlapped
     finally:
         _mode(llm42_server, {"inject_mismatch_rate": 0.0, "skip_compare": False,
-                             "max_verify_wait": None, "overlap_verify": False})
+                             "max_verify_wait": None, "overlap_verify": True})
     stats = requests.get(url + "/llm42_stats", timeout=30).json()
     assert not stats["skip_compare"] and stats["inject_mismatch_rate"] == 0.0
 
@@ -374,7 +379,7 @@ def test_window_switch_serves_as_a_server_started_with_that_window(llm42_server,
         assert _mode(llm42_server, {"window_size": SWITCHED_WINDOW}).json() == {
             "success": True, "skip_compare": False, "inject_mismatch_rate": 0.0,
             "window_size": SWITCHED_WINDOW, "verify_batch_size": VERIFY_BATCH,
-            "max_verify_wait": SWITCHED_WINDOW // 4}
+            "max_verify_wait": SWITCHED_WINDOW // 4, "overlap_verify": True}
         switched = run(url)
         stats = requests.get(url + "/llm42_stats", timeout=30).json()
         assert (stats["window_size"], stats["max_verify_wait"]) == (16, 4), stats

@@ -114,7 +114,9 @@ class Llm42Config:
         "rows of ordinary batches, instead of rounding them to bf16. bf16 logits quantize "
         "near-ties, so tiny differences between the decode batch and the verification pass "
         "flip the argmax: fewer rollbacks on real weights. Changes deterministic outputs; "
-        "normal requests keep SGLang's bf16 LM head.")
+        "normal requests keep SGLang's bf16 LM head bits (one GEMM for both kinds of row where "
+        "that is exact, checked per batch size on the device; else a recompute of the "
+        "deterministic rows).")
     verifier: str = _setting(
         FIXED_SHAPE, "--llm42-verifier",
         "How verification passes compute: fixed-shape (default) runs every pass as one B x W "

@@ -65,9 +65,12 @@ def cap_jobs(states: Sequence[DetRequestState], chosen: Sequence[int], step: int
 
 def range_is_fixed(state: DetRequestState) -> bool:
     """The job compares the same candidates whatever a decode step in flight appends: a full
-    window (its end is fixed) or a prompt (o_0 only). A finishing request's partial window would
-    grow. Only such jobs may run before that step's result is processed."""
-    return state.is_prompt_pending or state.num_output_tokens >= state.window_end
+    window (its end is fixed), a prompt (o_0 only), or a finishing request's partial window: the
+    step in flight decoded one token past the withheld finish, and the adapter drops that token
+    instead of appending it (`update_finish_state_hook`). Only such jobs may run before that
+    step's result is processed; every ready job is one of them."""
+    return (state.is_prompt_pending or state.num_output_tokens >= state.window_end
+            or state.is_finishing)
 
 
 def job_rows(state: DetRequestState, prompt_ids: Sequence[int],

@@ -8,15 +8,28 @@ greedy recompute 18.2 % with bf16 logits, 6.0 % with fp32 logits.
 
 Only two kinds of row need them: every row of a verification pass, and the deterministic rows
 of a fast-path batch (their candidates must agree with the pass). Normal rows keep SGLang's
-bf16 LM head, so their outputs equal plain SGLang's and they pay nothing (issue 33: fp32 logits
-for every row of an 8B decode batch cost normal traffic). Per forward:
+bf16 LM head bits, so their outputs equal plain SGLang's (issue 33: fp32 logits for every row of
+an 8B decode batch cost normal traffic). Per forward:
 
     pass (runtime.IN_VERIFY_PASS); an eager forward whose rows are all deterministic, or
     tokens rather than requests (input logprobs)     -> every row fp32 in the LM head hook
-    otherwise                                        -> SGLang's bf16 for every row; after the
+    rows of both kinds, where one GEMM is exact      -> one GEMM with fp32 output for every
+                                                        row; normal rows rounded to bf16 (then
+                                                        upcast, as SGLang does), deterministic
+                                                        rows kept in fp32
+    otherwise (recompute)                            -> SGLang's bf16 for every row; after the
                                                         forward, the deterministic rows' logits
                                                         are recomputed in fp32 from their
                                                         hidden states and written over theirs
+
+One GEMM for every row reads the weights once; the recompute reads them a second time (H100,
+8B shape: +0.37-0.39 ms on every decode step with a deterministic row, `benchmarks.lm_head_cost`).
+It is exact only where SGLang's bf16 GEMM equals the fp32-output GEMM rounded to bf16, bit for
+bit: the same kernel, accumulation and rounding, which depends on the device, the library and
+the row count N. So each N is checked once on the device, on the loaded weights with random
+inputs (`_one_gemm_exact`), before it is used; an N that fails (or a head with a logit scale,
+applied before SGLang's upcast) keeps the recompute. H100, torch 2.11 cu130: exact for every
+N = 1 .. 256. `LLM42_FP32_LOGITS_LAYOUT=recompute` turns the one-GEMM layout off.
 
 The decode CUDA graph holds the LM head, so Python does not run when it replays: while a graph
 is captured, the hook copies the LM head's input into a persistent buffer (one small copy per
@@ -50,6 +63,10 @@ _DEFAULT_GRAPH_ROWS = 1024  # graph buffer rows when SGLang's decode graph size 
 # Test / proof runs: check on the device, without a sync, that each recomputed row is the row
 # SGLang computed, only less rounded (`recompute_rows`).
 CHECK_ROWS_ENV = "LLM42_TEST_CHECK_FP32_ROWS"
+# auto (default): one GEMM for the rows of both kinds where `_one_gemm_exact`; recompute: never.
+LAYOUT_ENV = "LLM42_FP32_LOGITS_LAYOUT"
+_EXACT: dict[tuple, bool] = {}  # (device, weight shape, dtype, N) -> one GEMM is exact
+_GRAPH_ONE_GEMM: dict[int, bool] = {}  # decode graph rows -> captured with the one-GEMM layout
 
 
 class _Forward(threading.local):
@@ -57,6 +74,8 @@ class _Forward(threading.local):
     `ModelRunner.forward`; a CUDA graph capture runs outside it and sees the defaults)."""
 
     all_rows = False  # every row needs fp32 (see the module docstring)
+    det_mask: torch.Tensor | None = None  # [rows] bool on the device: the deterministic rows
+    in_forward = False  # inside ModelRunner.forward (a graph's warm-up and capture are not)
     computed = False  # the LM head hook gave every row fp32 in this forward (it ran eagerly)
     forced = False  # inside the recompute: fp32 whatever else holds
     eager_hidden: torch.Tensor | None = None  # [rows, H] the LM head's input of this forward
@@ -65,6 +84,7 @@ class _Forward(threading.local):
 
 _FWD = _Forward()
 _GRAPH_HIDDEN: torch.Tensor | None = None  # [capacity, H] written by every decode graph replay
+_GRAPH_MASK: torch.Tensor | None = None  # [capacity] bool, written before every decode forward
 
 
 def enabled() -> bool:
@@ -122,16 +142,68 @@ def compute_lm_head_hook(original, processor, hidden_states, lm_head, embedding_
     _FWD.head = (processor, lm_head)
     if runtime.IN_VERIFY_PASS or _FWD.forced:
         return fp32_matmul(hidden_states, lm_head.weight)
-    if hidden_states.is_cuda and torch.cuda.is_current_stream_capturing():
+    rows = hidden_states.shape[0]
+    if _capturing(hidden_states):
         if _SPECULATIVE:  # graphs of verify steps and draft models (`_fast_path_forward`)
             return original(processor, hidden_states, lm_head, embedding_bias)
-        _graph_buffer(hidden_states)[: hidden_states.shape[0]].copy_(hidden_states)
+        _graph_buffer(hidden_states)[:rows].copy_(hidden_states)  # the recompute's input
+        # checked in the warm-up forward SGLang runs before each capture (no sync here)
+        _GRAPH_ONE_GEMM[rows] = _one_gemm_usable(processor, lm_head, rows, check=False)
+        if _GRAPH_ONE_GEMM[rows]:
+            return _one_gemm(hidden_states, lm_head.weight, _graph_mask(hidden_states)[:rows])
     elif _FWD.all_rows:
         _FWD.computed = True
         return fp32_matmul(hidden_states, lm_head.weight)
+    elif _FWD.det_mask is not None and _one_gemm_usable(processor, lm_head, rows):
+        _FWD.computed = True
+        return _one_gemm(hidden_states, lm_head.weight, _FWD.det_mask)
     else:
         _FWD.eager_hidden = hidden_states
+        if hidden_states.is_cuda and not _FWD.in_forward:
+            # a decode graph's warm-up forward (SGLang runs two before each capture, outside
+            # ModelRunner.forward): check its N now, the capture cannot
+            _one_gemm_usable(processor, lm_head, rows)
     return original(processor, hidden_states, lm_head, embedding_bias)
+
+
+def _capturing(hidden: torch.Tensor) -> bool:
+    """A CUDA graph (SGLang's decode graph) is being captured: Python will not run at replay."""
+    return hidden.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _one_gemm(hidden: torch.Tensor, weight: torch.Tensor, det_mask: torch.Tensor) -> torch.Tensor:
+    """fp32 logits [N, V] for the `det_mask` rows, SGLang's bf16 logits (upcast) for the others,
+    from one GEMM with fp32 output."""
+    full = fp32_matmul(hidden, weight)
+    return torch.where(det_mask.unsqueeze(1), full, full.to(weight.dtype).float())
+
+
+def _one_gemm_usable(processor, lm_head, rows: int, check: bool = True) -> bool:
+    """Whether a forward of `rows` LM head rows may use the one-GEMM layout: not turned off, no
+    logit scale (SGLang applies it before its upcast), and `_one_gemm_exact` for this N (run
+    now if `check`, else only a past check counts: inside a CUDA graph capture)."""
+    if os.environ.get(LAYOUT_ENV, "auto") == "recompute" or getattr(
+            processor, "logit_scale", None) is not None:
+        return False
+    weight = lm_head.weight
+    key = (str(weight.device), tuple(weight.shape), weight.dtype, rows)
+    if key not in _EXACT:
+        if not check:
+            return False
+        _EXACT[key] = _one_gemm_exact(weight, rows)
+        logger.info("llm42: fp32 logits for %d rows by %s", rows,
+                    "one GEMM" if _EXACT[key] else "recompute (bf16 != rounded fp32 here)")
+    return _EXACT[key]
+
+
+def _one_gemm_exact(weight: torch.Tensor, rows: int) -> bool:
+    """SGLang's bf16 LM head [rows, H] @ [V, H]^T equals the fp32-output GEMM rounded to bf16,
+    bit for bit, on random inputs (a seeded generator of its own: the global RNG is untouched)."""
+    g = torch.Generator(device=weight.device).manual_seed(rows)
+    hidden = torch.randn(rows, weight.shape[1], generator=g, device=weight.device,
+                         dtype=torch.float32).to(weight.dtype)
+    return torch.equal(torch.matmul(hidden, weight.T),
+                       fp32_matmul(hidden, weight).to(weight.dtype))
 
 
 def model_forward_hook(original, model_runner, forward_batch, *args, **kwargs):
@@ -146,19 +218,64 @@ def model_forward_hook(original, model_runner, forward_batch, *args, **kwargs):
     det_index, num_rows = deterministic_rows(forward_batch)
     _FWD.all_rows = det_index is not None and (
         len(det_index) == num_rows or _rows_are_tokens(forward_batch))
-    _FWD.computed, _FWD.eager_hidden = False, None
+    _FWD.computed, _FWD.eager_hidden, _FWD.det_mask = False, None, None
+    _FWD.in_forward = True
+    decode = forward_batch.forward_mode.is_decode()
+    if decode and _GRAPH_MASK is not None:  # a decode graph may read it: this batch's rows
+        _GRAPH_MASK.zero_()
+        if det_index is not None:
+            _GRAPH_MASK.index_fill_(0, _index(det_index, _GRAPH_MASK.device), True)
+    if det_index is not None and not _FWD.all_rows:
+        device = _forward_device(model_runner)
+        if device is not None:
+            _FWD.det_mask = torch.zeros(num_rows, dtype=torch.bool, device=device).index_fill_(
+                0, _index(det_index, device), True)
     try:
         out = original(model_runner, forward_batch, *args, **kwargs)
         if det_index is not None and not _FWD.computed:
-            # a decode graph replayed (its LM head input is in the graph buffer), or rows of
-            # both kinds ran eagerly
+            # a decode graph replayed (its LM head input is in the graph buffer, unless it
+            # computed the one-GEMM layout itself), or rows of both kinds ran eagerly
             hidden = _FWD.eager_hidden
-            if hidden is None and forward_batch.forward_mode.is_decode():
+            if hidden is None and decode:
+                if _graph_used_one_gemm(num_rows):
+                    _check_graph_rows(out.logits_output, det_index)
+                    return out
                 hidden = _GRAPH_HIDDEN
             recompute_rows(out.logits_output, det_index, hidden)
     finally:
         _FWD.all_rows, _FWD.computed, _FWD.eager_hidden = False, False, None
+        _FWD.det_mask, _FWD.in_forward = None, False
     return out
+
+
+def _index(det_index: list[int], device) -> torch.Tensor:
+    from llm42.sglang.verifier import to_device  # pinned: no host wait on the overlap loop
+
+    return to_device(det_index, torch.int64, device)
+
+
+def _forward_device(model_runner):
+    device = getattr(model_runner, "device", None)
+    return torch.device(device) if device is not None else None
+
+
+def _graph_used_one_gemm(num_rows: int) -> bool:
+    """Whether the decode graph a batch of `num_rows` replays (SGLang pads to the smallest
+    captured size that holds it) was captured with the one-GEMM layout."""
+    sizes = [n for n in _GRAPH_ONE_GEMM if n >= num_rows]
+    return bool(sizes) and _GRAPH_ONE_GEMM[min(sizes)]
+
+
+def _check_graph_rows(logits_output, det_index: list[int]) -> None:
+    """LLM42_TEST_CHECK_FP32_ROWS=1: the one-GEMM graph's deterministic rows are fp32 logits of
+    their own hidden states (recomputed from the graph buffer), only less rounded."""
+    if os.environ.get(CHECK_ROWS_ENV) != "1" or _FWD.head is None or _GRAPH_HIDDEN is None:
+        return
+    logits = logits_output.next_token_logits
+    index = _index(det_index, logits.device)
+    processor, lm_head = _FWD.head
+    rows = fp32_matmul(_GRAPH_HIDDEN.index_select(0, index), lm_head.weight)
+    check_same_rows(logits.index_select(0, index), rows[:, : logits.shape[1]])
 
 
 def deterministic_rows(forward_batch) -> tuple[list[int] | None, int]:
@@ -222,6 +339,19 @@ def _graph_buffer(hidden: torch.Tensor) -> torch.Tensor:
         raise RuntimeError(f"llm42 fp32 logits: a decode graph of {tuple(hidden.shape)} rows "
                            f"exceeds the buffer {tuple(_GRAPH_HIDDEN.shape)}")
     return _GRAPH_HIDDEN
+
+
+def _graph_mask(hidden: torch.Tensor) -> torch.Tensor:
+    """The deterministic-row mask every one-GEMM decode graph reads, written by
+    `model_forward_hook` before each decode forward (sized like `_graph_buffer`)."""
+    global _GRAPH_MASK
+    if _GRAPH_MASK is None:
+        capacity = max(hidden.shape[0], _decode_graph_rows())
+        _GRAPH_MASK = torch.zeros(capacity, dtype=torch.bool, device=hidden.device)
+    if hidden.shape[0] > _GRAPH_MASK.shape[0]:
+        raise RuntimeError(f"llm42 fp32 logits: a decode graph of {hidden.shape[0]} rows "
+                           f"exceeds the mask {tuple(_GRAPH_MASK.shape)}")
+    return _GRAPH_MASK
 
 
 def _decode_graph_rows() -> int:
