@@ -4,6 +4,8 @@ decision is applied to a request (`verify_passes.apply_result`) and how finishes
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from types import SimpleNamespace
 
 import pytest
@@ -214,6 +216,8 @@ def test_a_full_pass_and_a_finish_run_at_once(rt, rounds):
 
 
 def test_a_result_in_flight_is_processed_before_the_round(rt, rounds, monkeypatch):
+    """--no-llm42-overlap-verify: the in-flight result is processed first, whatever the jobs."""
+    rt.config = replace(rt.config, overlap_verify=False)
     rt.scheduler.enable_overlap = True
     a, b = Req("a", [4] * 5, 1), Req("b", [4] * 5, 1)
     drained = []
@@ -240,6 +244,21 @@ def test_overlap_verify_runs_fixed_ranges_while_the_result_is_in_flight(rt, roun
     a, b = Req("a", [4] * 5, 1), Req("b", [4] * 5, 1)
     hooks_verify.verify_due(rt, rt.scheduler, _batch(a, b))
     assert rounds == [(["a", "b"], True)], "full windows: the passes may go first"
+
+
+def test_overlap_verify_runs_a_finishing_partial_window_while_the_result_is_in_flight(
+        rt, rounds):
+    """The in-flight step decoded one token past the withheld finish, which is dropped when its
+    result is processed: the partial window's compared range is fixed, so its pass may go
+    first too (overlap-verify is the default)."""
+    rt.scheduler.enable_overlap = True
+    rt.scheduler.result_queue = [(None, object())]
+    req = Req("f", [4, 4], 1)
+    req.output_ids.append(EOS)
+    req.update_finish_state()  # EOS on a candidate: withheld, the window partial (3 of 4)
+    assert req.state.is_finishing and req.state.num_output_tokens < req.state.window_end
+    hooks_verify.verify_due(rt, rt.scheduler, _batch(req))
+    assert rounds == [(["f"], True)], "no drain first"
 
 
 def test_a_pass_cap_runs_one_round_per_step(rt, rounds):
