@@ -221,15 +221,16 @@ def model_forward_hook(original, model_runner, forward_batch, *args, **kwargs):
     _FWD.computed, _FWD.eager_hidden, _FWD.det_mask = False, None, None
     _FWD.in_forward = True
     decode = forward_batch.forward_mode.is_decode()
+    device = _GRAPH_MASK.device if _GRAPH_MASK is not None else _forward_device(model_runner)
+    # one host-to-device copy of the rows per forward, for the graph mask and the eager mask
+    index = None if det_index is None or device is None else _index(det_index, device)
     if decode and _GRAPH_MASK is not None:  # a decode graph may read it: this batch's rows
         _GRAPH_MASK.zero_()
-        if det_index is not None:
-            _GRAPH_MASK.index_fill_(0, _index(det_index, _GRAPH_MASK.device), True)
-    if det_index is not None and not _FWD.all_rows:
-        device = _forward_device(model_runner)
-        if device is not None:
-            _FWD.det_mask = torch.zeros(num_rows, dtype=torch.bool, device=device).index_fill_(
-                0, _index(det_index, device), True)
+        if index is not None:
+            _GRAPH_MASK.index_fill_(0, index, True)
+    if index is not None and not _FWD.all_rows:
+        _FWD.det_mask = torch.zeros(num_rows, dtype=torch.bool, device=device).index_fill_(
+            0, index, True)
     try:
         out = original(model_runner, forward_batch, *args, **kwargs)
         if det_index is not None and not _FWD.computed:
@@ -241,7 +242,7 @@ def model_forward_hook(original, model_runner, forward_batch, *args, **kwargs):
                     _check_graph_rows(out.logits_output, det_index)
                     return out
                 hidden = _GRAPH_HIDDEN
-            recompute_rows(out.logits_output, det_index, hidden)
+            recompute_rows(out.logits_output, det_index, hidden, index)
     finally:
         _FWD.all_rows, _FWD.computed, _FWD.eager_hidden = False, False, None
         _FWD.det_mask, _FWD.in_forward = None, False
@@ -294,7 +295,8 @@ def _rows_are_tokens(forward_batch) -> bool:
     return (not forward_batch.forward_mode.is_decode()) and bool(forward_batch.return_logprob)
 
 
-def recompute_rows(logits_output, det_index: list[int], hidden) -> None:
+def recompute_rows(logits_output, det_index: list[int], hidden,
+                   index: torch.Tensor | None = None) -> None:
     """Overwrite the deterministic rows of `next_token_logits` [rows, V] (fp32: SGLang's bf16
     logits upcast) with fp32 logits computed from the LM head's input `hidden` [>= rows, H]."""
     logits = getattr(logits_output, "next_token_logits", None)
@@ -303,10 +305,9 @@ def recompute_rows(logits_output, det_index: list[int], hidden) -> None:
     if hidden.shape[0] < logits.shape[0] or logits.dtype != torch.float32:
         raise RuntimeError(f"llm42 fp32 logits: {hidden.shape[0]} hidden rows for "
                            f"{tuple(logits.shape)} {logits.dtype} logits")
-    from llm42.sglang.verifier import to_device  # pinned: no host wait on the overlap loop
-
     processor, lm_head = _FWD.head
-    index = to_device(det_index, torch.int64, logits.device)
+    if index is None or index.device != logits.device:
+        index = _index(det_index, logits.device)
     _FWD.forced = True
     try:
         rows = processor._get_logits(hidden.index_select(0, index), lm_head, None,
