@@ -125,8 +125,11 @@ def server_configs(args) -> list[ServerConfig]:
                         args, "args_variant_ratios", None):
                     ratios = _floats(args.args_variant_ratios)  # a survey's other variants
                 if extra:
-                    flags += shlex.split(extra)
+                    env, rest = server_env(extra)
+                    flags += rest
                     meta["llm42_args"] = extra
+                    if env:
+                        meta["server_env"] = env
                     # a variant may set its own B; the last flag wins in SGLang's parser too
                     meta["verify_batch_size"] = int(_opts(flags)["--llm42-verify-batch-size"])
                     label += "-" + _flag_label(extra)
@@ -158,6 +161,21 @@ def server_configs(args) -> list[ServerConfig]:
                     label += f"-inject{args.inject_mismatch_rate:g}"
                 out.append(ServerConfig(label, "llm42", flags, ratios, meta, kind=name))
     return attach_variants(out) if args.switch_variants else out
+
+
+_ENV_ASSIGNMENT = re.compile(r"^[A-Z_][A-Z0-9_]*=")
+
+
+def server_env(llm42_args: str) -> tuple[dict[str, str], list[str]]:
+    """`--llm42-args` split, as a shell reads a command line, into the `NAME=value` assignments
+    before the first flag (the server's environment, e.g. LLM42_FP32_LOGITS_LAYOUT=recompute
+    for an A/B of an internal layout) and the flags."""
+    tokens = shlex.split(llm42_args)
+    env = {}
+    while tokens and _ENV_ASSIGNMENT.match(tokens[0]):
+        name, _, value = tokens.pop(0).partition("=")
+        env[name] = value
+    return env, tokens
 
 
 def spec_flags(args) -> tuple[list[str], str]:
@@ -278,7 +296,10 @@ def _flag_label(flags: str) -> str:
     `--no-llm42-batched-prefill` -> `no-batched-prefill`: tells servers apart in tables."""
     parts: list[str] = []
     for token in shlex.split(flags):
-        if token.startswith("-") or not parts:
+        if _ENV_ASSIGNMENT.match(token):  # LLM42_FP32_LOGITS_LAYOUT=x -> fp32-logits-layout=x
+            name, _, value = token.partition("=")
+            parts.append(name.lower().replace("_", "-").replace("llm42-", "") + "=" + value)
+        elif token.startswith("-") or not parts:
             parts.append(token.lstrip("-").replace("llm42-", ""))
         else:
             parts[-1] += token
@@ -445,8 +466,9 @@ class Driver:
                 "load_format": _opts(self.server_args).get("--load-format")}
         if "benchmark_mode" in cfg.meta:  # switched at runtime on that server
             meta["benchmark_mode"] = cfg.meta["benchmark_mode"]
-        if "speculative_algorithm" in cfg.meta:
-            meta["speculative_algorithm"] = cfg.meta["speculative_algorithm"]
+        for key in ("speculative_algorithm", "server_env"):
+            if key in cfg.meta:
+                meta[key] = cfg.meta[key]
         argv += ["--extra-metadata", json.dumps(meta)]
         self.log_command(f"bench {cfg.label} ratio={ratio:g} {meta['workload']}", argv)
         log = self.out / f"bench_{cfg.label}.log"
@@ -486,10 +508,12 @@ class Driver:
                 self.skip_rows(each, f"not run: time budget (--budget-s {self.args.budget_s}) "
                                      "spent", "")
             return
-        server = SGLangServer(self.args.model_path, flags, port=self.args.port,
+        env = cfg.meta.get("server_env") or {}
+        server = SGLangServer(self.args.model_path, flags, port=self.args.port, env=env,
                               log_path=self.out / f"server_{cfg.label}.log",
                               startup_timeout=min(self.args.startup_timeout, self.time_left()))
-        self.log_command(f"server {cfg.label}", server.args)
+        self.log_command(f"server {cfg.label}",
+                         [f"{k}={v}" for k, v in env.items()] + list(server.args))
         t0 = time.monotonic()
         try:
             server.start()
@@ -559,8 +583,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server-args", default="", help="given identically to every config")
     p.add_argument("--llm42-args", action="append", default=None,
                    help="extra flags of every llm42 server, e.g. '--llm42-max-verify-wait 64' "
-                        "(recorded as llm42_args; appended to the server label); repeatable: "
-                        "each llm42 config then runs once per value, '' = its defaults")
+                        "(recorded as llm42_args; appended to the server label), after "
+                        "optional NAME=value environment assignments, as in a shell; "
+                        "repeatable: each llm42 config then runs once per value, '' = its "
+                        "defaults")
     p.add_argument("--spec-args", default=DEFAULT_SPEC_ARGS,
                    help="speculative-decoding flags of the nondet-spec and llm42-spec configs "
                         "(their label names the algorithm)")

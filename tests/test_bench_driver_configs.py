@@ -191,3 +191,23 @@ def test_speculative_configs_add_spec_args_and_keep_a_start_of_their_own():
         ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4"]]
     with pytest.raises(SystemExit, match="names no --speculative-algorithm"):
         driver.server_configs(argparse.Namespace(**{**vars(args), "spec_args": "--x 1"}))
+
+
+def test_llm42_args_may_set_the_server_environment():
+    """NAME=value before the flags of an --llm42-args value: that server's environment (an A/B of
+    an internal choice, e.g. the fp32 logits layout), a start of its own, named in the label."""
+    from benchmarks import driver
+
+    args = argparse.Namespace(
+        configs="llm42", window_sizes="64", verify_batch_size=8, det_ratios="0.1",
+        variant_ratios=None, inject_mismatch_rate=0.5, switch_variants=True,
+        llm42_args=["", "LLM42_FP32_LOGITS_LAYOUT=recompute", "LLM42_FP32_LOGITS_LAYOUT=recompute "
+                    "--no-llm42-overlap-verify"])
+    configs = driver.server_configs(args)
+    assert [c.label for c in configs] == ["llm42-w64", "llm42-w64-fp32-logits-layout=recompute"]
+    env_host = configs[1]
+    assert env_host.meta["server_env"] == {"LLM42_FP32_LOGITS_LAYOUT": "recompute"}
+    assert not any(f.startswith("LLM42_") for f in env_host.flags)
+    assert [v.meta["benchmark_mode"]["overlap_verify"] for v in env_host.switched] == [False]
+    assert driver.server_env("A=1 B_2='x y' --flag Z=3") == ({"A": "1", "B_2": "x y"},
+                                                           ["--flag", "Z=3"])
