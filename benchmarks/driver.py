@@ -572,9 +572,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ratios of the --llm42-args values after the first (default: "
                         "--det-ratios), e.g. 0.1 for a survey of variants beside a first one "
                         "run at every ratio")
-    p.add_argument("--window-sizes", default="16",
+    p.add_argument("--window-sizes", default="64",
                    help="comma list: one llm42 server each (one for all with --switch-variants)")
-    p.add_argument("--verify-batch-size", type=int, default=32)
+    p.add_argument("--verify-batch-size", type=int, default=8)
     p.add_argument("--pass-tokens", type=int, default=None,
                    help="B = this // W for each window of --window-sizes (a sweep at a constant "
                         "pass size, e.g. 512: W 16 B 32, W 32 B 16, W 64 B 8); overrides "

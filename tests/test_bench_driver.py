@@ -365,5 +365,5 @@ def test_gpu_suite_nondet_defaults_runs_plain_sglang_as_a_user_starts_it(tmp_pat
         ["--sampling-backend", "pytorch", "--tp", "1", "--disable-radix-cache"]) == ["--tp", "1"]
     table = (out / "table.md").read_text().splitlines()
     assert "| vs nondet | vs nondet-defaults | vs sglang-det |" in table[2]
-    [row] = [ln for ln in table if "| llm42 W16" in ln]
+    [row] = [ln for ln in table if "| llm42 W64" in ln]
     assert "| 0.900x | 0.720x | - |" in row, row

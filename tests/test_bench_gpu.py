@@ -43,8 +43,8 @@ def test_gpu_suite_dry_run_hands_the_driver_arguments_it_accepts(tmp_path):
         llm42 = [c for c in configs if c.config == "llm42"]
         # the max-verify-wait variant differs only in when rows are verified: switched at
         # runtime on the first server (SWITCH_VARIANTS=1)
-        assert [c.label for c in llm42] == ["llm42-w16", "llm42-w16-no-batched-prefill"]
-        assert [v.label for v in llm42[0].switched] == ["llm42-w16-max-verify-wait48"]
+        assert [c.label for c in llm42] == ["llm42-w64", "llm42-w64-no-batched-prefill"]
+        assert [v.label for v in llm42[0].switched] == ["llm42-w64-max-verify-wait48"]
         assert llm42[0].switched[0].meta["benchmark_mode"]["max_verify_wait"] == 48
         assert llm42[1].flags[-1] == "--no-llm42-batched-prefill"
     assert [c.label for c in driver.server_configs(driver.build_parser().parse_args(
@@ -233,7 +233,7 @@ def test_gpu_suite_backend_compare_runs_llm42_once_per_proven_gpu_backend(tmp_pa
         backends.append(flags[last + 1])
         assert cfg.ratios == [0.1]
     assert tuple(sorted(backends)) == tuple(sorted(GPU_AUTO_BACKENDS))
-    assert [c.label for c in configs] == [f"llm42-w16-attention-backend{b}" for b in backends]
+    assert [c.label for c in configs] == [f"llm42-w64-attention-backend{b}" for b in backends]
     [workload] = args.workload
     assert "--dataset-name sharegpt" in workload and "--num-prompts 128" in workload
     assert "--warmup-requests 32" in args.bench_args
@@ -337,7 +337,7 @@ def test_gpu_suite_spec_proof_compares_every_speculative_server_with_the_earlier
     servers = [shlex.split(p.server_args) for p in proofs]
     for proof, server in zip(proofs, servers):
         assert proof.model_path == model and proof.features == "n2,penalty,json"
-        assert server[server.index("--llm42-window-size") + 1] == "16"
+        assert server[server.index("--llm42-window-size") + 1] == "64"  # the defaults
         assert server[:len(servers[0])] == servers[0], "the same settings, speculation added"
     assert [p.mode for p in proofs] == ["llm42", "both", "both", "both"]
 
@@ -404,8 +404,8 @@ def test_gpu_suite_spec_sharegpt_runs_speculation_on_and_off(tmp_path):
     assert got == {"nondet": ("nondet", [0.0]),
                    "nondet-no-overlap": ("nondet-no-overlap", [0.0]),
                    "nondet-spec-ngram": ("nondet-spec", [0.0]),
-                   "llm42-w16": ("llm42", [0.1, 1.0]),
-                   "llm42-w16-spec-ngram": ("llm42", [0.1, 1.0])}
+                   "llm42-w64": ("llm42", [0.1, 1.0]),
+                   "llm42-w64-spec-ngram": ("llm42", [0.1, 1.0])}
     spec = ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4"]
     for cfg in configs:
         flags = shlex.split(args.server_args) + cfg.flags  # as the driver starts the server
@@ -426,4 +426,4 @@ def test_gpu_suite_spec_sharegpt_runs_speculation_on_and_off(tmp_path):
     [argv] = [a[2:] for a in argvs if a[:2] == ["-m", "benchmarks.driver"]]
     configs = driver.server_configs(driver.build_parser().parse_args(argv))
     assert [(c.label, c.flags[-6:]) for c in configs] == [
-        ("nondet-spec-eagle", shlex.split(eagle)), ("llm42-w16-spec-eagle", shlex.split(eagle))]
+        ("nondet-spec-eagle", shlex.split(eagle)), ("llm42-w64-spec-eagle", shlex.split(eagle))]
