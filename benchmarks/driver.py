@@ -207,7 +207,8 @@ _SWITCHABLE = ("llm42", "llm42-skip-compare", "llm42-inject")
 # what it returns), flag -> (mode field, whether the flag takes a value).
 _SCHEDULING_FLAGS = {"--llm42-max-verify-wait": ("max_verify_wait", True),
                      "--llm42-overlap-verify": ("overlap_verify", False),
-                     "--no-llm42-overlap-verify": ("overlap_verify", False)}
+                     "--no-llm42-overlap-verify": ("overlap_verify", False),
+                     "--llm42-max-finish-wait": ("max_finish_wait", True)}
 
 
 def scheduling_mode(llm42_args: str | None) -> tuple[str, dict]:
@@ -217,7 +218,9 @@ def scheduling_mode(llm42_args: str | None) -> tuple[str, dict]:
     from llm42.core.config import Llm42Config
 
     rest, tokens = [], shlex.split(llm42_args or "")
-    mode = {"max_verify_wait": None, "overlap_verify": Llm42Config().overlap_verify}
+    defaults = Llm42Config()
+    mode = {"max_verify_wait": None, "overlap_verify": defaults.overlap_verify,
+            "max_finish_wait": defaults.max_finish_wait}
     i = 0
     while i < len(tokens):
         flag, _, value = tokens[i].partition("=")
@@ -236,15 +239,15 @@ def scheduling_mode(llm42_args: str | None) -> tuple[str, dict]:
 def attach_variants(configs: list[ServerConfig]) -> list[ServerConfig]:
     """Run every llm42 config that differs from a plain llm42 server only in what
     POST /llm42_benchmark_mode switches (comparison skipped, injected mismatches, the window,
-    the max verify wait and overlap-verify of `--llm42-args`) on that server, started with
-    --llm42-benchmark-modes: one start per `--llm42-args` value less those two flags.
+    the pass-scheduling flags of `--llm42-args`, `_SCHEDULING_FLAGS`) on that server, started
+    with --llm42-benchmark-modes: one start per `--llm42-args` value less those flags.
 
     The host is the plain config with the largest window (of those, the first given), so a
     window sweep starts once: any explicit --llm42-max-verify-wait that fits one window of the
     sweep fits the largest (a smaller window it does not fit becomes skipped rows, not a failed
     start), and the largest window is checked against the context length before anything runs.
     A server hosting several windows (B, scheduling settings) gets `window_size`
-    (`verify_batch_size`, both scheduling fields) in every switched variant's mode. A skip /
+    (`verify_batch_size`, the scheduling fields) in every switched variant's mode. A skip /
     inject config without a plain llm42 config keeps a start of its own."""
     hosts: dict[str, ServerConfig] = {}  # --llm42-args less scheduling -> its host
     for cfg in configs:

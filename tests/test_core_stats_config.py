@@ -146,6 +146,9 @@ CONFIG_ERRORS = [
     ({"inject_mismatch_rate": math.nan}, None, "--llm42-inject-mismatch-rate"),  # NaN
     ({"max_verify_wait": -1}, None, "--llm42-max-verify-wait must be in [0, window size), got -1"),
     ({"window_size": 8, "max_verify_wait": 8}, None, "got 8 with --llm42-window-size 8"),
+    ({"window_size": 8, "max_finish_wait": 8}, None,
+     "--llm42-max-finish-wait must be in [0, window size), got 8 with --llm42-window-size 8"),
+    ({"max_finish_wait": -1}, None, "--llm42-max-finish-wait must be in [0, window size)"),
     ({"solo_prefill_min_tokens": -1}, None, "--llm42-solo-prefill-min-tokens must be >= 0"),
     ({"max_passes_per_step": -1}, None, "--llm42-max-passes-per-step must be >= 0"),
     ({"verifier": "row-invariant", "max_pass_rows_per_step": 0}, None,  # an empty budget
@@ -245,6 +248,7 @@ def test_which_deterministic_prefills_run_alone(kwargs, threshold) -> None:
      {"max_verify_wait": 0, "overlap_verify": True}),
     ({"max_verify_wait": 48, "overlap_verify": False},
      {"max_verify_wait": 48, "overlap_verify": False}),
+    ({"max_finish_wait": 8}, {"max_finish_wait": 8}),
 ])
 def test_benchmark_mode_parses(body, mode) -> None:
     from llm42.core.config import parse_benchmark_mode
@@ -268,6 +272,8 @@ def test_benchmark_mode_parses(body, mode) -> None:
     ({"max_verify_wait": 4.0}, "max_verify_wait must be an integer >= 0 or null, got 4.0"),
     ({"max_verify_wait": True}, "max_verify_wait must be an integer >= 0 or null, got True"),
     ({"overlap_verify": 1}, "overlap_verify must be true or false, got 1"),
+    ({"max_finish_wait": -2}, "max_finish_wait must be an integer >= 0, got -2"),
+    ({"max_finish_wait": None}, "max_finish_wait must be an integer >= 0, got None"),
     ({"max_passes_per_step": 1}, "unknown field 'max_passes_per_step'"),  # not switchable
     (None, "JSON object"),
 ])

@@ -52,6 +52,25 @@ def test_due_jobs_counts_waits_from_the_first_step_a_job_was_seen_ready():
     assert due_jobs([state], 13, config) == [0], "waited max_verify_wait steps"
 
 
+def test_a_finishing_window_waits_max_finish_wait_steps_unless_a_pass_has_room():
+    """--llm42-max-finish-wait 3 (B = 2, max verify wait 6): a finishing partial window seen at
+    step 10 is not urgent until step 13; a full window due meanwhile takes it into its pass (the
+    room is free), and by default (0) it is verified at once."""
+    config = Llm42Config(window_size=8, verify_batch_size=2, max_verify_wait=6,
+                         max_finish_wait=3)
+    finishing = replace(make_state(8, 1, 4, finishing=True), rid="f")
+    assert due_jobs([finishing], 10, config) == []
+    assert due_jobs([finishing], 12, config) == [] and finishing.ready_since_step == 10
+    assert due_jobs([finishing], 13, config) == [0], "waited max_finish_wait steps"
+    late = replace(make_state(8, 1, 4, finishing=True), rid="g")
+    full = replace(make_state(8, 1, 9), rid="w")
+    due_jobs([full], 20, config)  # the full window has waited since step 20
+    assert sorted(due_jobs([late, full], 26, config)) == [0, 1], "shares the due window's pass"
+    assert late.ready_since_step == 26, "it had waited no step"
+    at_once = replace(make_state(8, 1, 4, finishing=True), rid="h")
+    assert due_jobs([at_once], 0, replace(config, max_finish_wait=0)) == [0]
+
+
 def test_cap_jobs_holds_the_rest_of_a_step_back_for_the_next():
     """--llm42-max-pass-rows-per-step 2 (row-invariant): two windows, a 2-row prompt and a
     finishing window ready at step 5. The finishing window and the first window take the

@@ -260,7 +260,8 @@ def test_benchmark_modes_switch_on_a_running_server(llm42_server):
         assert _mode(llm42_server, {"inject_mismatch_rate": 1.0}).json() == {
             "success": True, "skip_compare": False, "inject_mismatch_rate": 1.0,
             "window_size": WINDOW, "verify_batch_size": VERIFY_BATCH,
-            "max_verify_wait": WINDOW // 4, "overlap_verify": True}
+            "max_verify_wait": WINDOW // 4, "overlap_verify": True,
+            "max_finish_wait": 0}
         requests.post(url + "/reset_llm42_stats", timeout=30)
         injected = generate(url, prompt, det=True, max_new_tokens=24)
         stats = requests.get(url + "/llm42_stats", timeout=30).json()
@@ -271,7 +272,8 @@ def test_benchmark_modes_switch_on_a_running_server(llm42_server):
         assert _mode(llm42_server, {"inject_mismatch_rate": 0, "skip_compare": True}).json() == {
             "success": True, "skip_compare": True, "inject_mismatch_rate": 0.0,
             "window_size": WINDOW, "verify_batch_size": VERIFY_BATCH,
-            "max_verify_wait": WINDOW // 4, "overlap_verify": True}
+            "max_verify_wait": WINDOW // 4, "overlap_verify": True,
+            "max_finish_wait": 0}
         requests.post(url + "/reset_llm42_stats", timeout=30)
         generate(url, prompt, det=True, max_new_tokens=24)
         stats = requests.get(url + "/llm42_stats", timeout=30).json()
@@ -298,6 +300,28 @@ def test_benchmark_modes_switch_on_a_running_server(llm42_server):
                              "max_verify_wait": None, "overlap_verify": True})
     stats = requests.get(url + "/llm42_stats", timeout=30).json()
     assert not stats["skip_compare"] and stats["inject_mismatch_rate"] == 0.0
+
+
+def test_a_finish_wait_changes_when_a_request_completes_not_what_it_returns(llm42_server):
+    """--llm42-max-finish-wait (switched at runtime, with a longer max verify wait so that it
+    can take effect): finishing windows wait for a shared pass, their finishes withheld, and
+    every output is bitwise the one verified at once; the server is healthy after."""
+    url = llm42_server.url
+    prompts = ["Count with me: one two three four", "The quick brown fox jumps over",
+               "def add(a, b):"]
+    base = generate(url, prompts, det=True, max_new_tokens=13, ignore_eos=True)
+    try:
+        r = _mode(llm42_server, {"max_verify_wait": WINDOW - 1, "max_finish_wait": WINDOW - 1})
+        assert r.status_code == 200 and r.json()["max_finish_wait"] == WINDOW - 1, r.text
+        waited = concurrently([lambda p=p: generate(url, p, det=True, max_new_tokens=13,
+                                                    ignore_eos=True) for p in prompts])
+        batched = generate(url, prompts, det=True, max_new_tokens=13, ignore_eos=True)
+        for p, ref, got, bat in zip(prompts, base, waited, batched):
+            assert got[:2] == ref[:2] and bat[:2] == ref[:2], p
+    finally:
+        _mode(llm42_server, {"max_verify_wait": None, "max_finish_wait": 0})
+    stats = requests.get(url + "/llm42_stats", timeout=30).json()
+    assert stats["max_finish_wait"] == 0 and stats["max_verify_wait"] == WINDOW // 4
 
 
 @pytest.mark.parametrize("body, field", [
@@ -379,7 +403,8 @@ def test_window_switch_serves_as_a_server_started_with_that_window(llm42_server,
         assert _mode(llm42_server, {"window_size": SWITCHED_WINDOW}).json() == {
             "success": True, "skip_compare": False, "inject_mismatch_rate": 0.0,
             "window_size": SWITCHED_WINDOW, "verify_batch_size": VERIFY_BATCH,
-            "max_verify_wait": SWITCHED_WINDOW // 4, "overlap_verify": True}
+            "max_verify_wait": SWITCHED_WINDOW // 4, "overlap_verify": True,
+            "max_finish_wait": 0}
         switched = run(url)
         stats = requests.get(url + "/llm42_stats", timeout=30).json()
         assert (stats["window_size"], stats["max_verify_wait"]) == (16, 4), stats

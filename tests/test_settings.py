@@ -16,15 +16,16 @@ from llm42.sglang.runtime import Llm42Runtime
 # Flag names and defaults users and scripts rely on: a derived flag must not rename or move them.
 PUBLISHED_FLAGS = {
     "enable_llm42": False,
-    "llm42_window_size": 16,
-    "llm42_verify_batch_size": 32,
+    "llm42_window_size": 64,
+    "llm42_verify_batch_size": 8,
     "llm42_inject_mismatch_rate": 0.0,
     "llm42_skip_compare": False,
     "llm42_max_verify_wait": None,
+    "llm42_max_finish_wait": 0,
     "llm42_max_passes_per_step": 0,
     "llm42_max_pass_rows_per_step": None,
     "llm42_defer_verify_on_prefill": False,
-    "llm42_overlap_verify": False,
+    "llm42_overlap_verify": True,
     "llm42_batched_prefill": True,
     "llm42_prefix_cache": False,
     "llm42_solo_prefill_min_tokens": None,
@@ -37,10 +38,10 @@ PUBLISHED_FLAGS = {
 
 # A value other than the default for every setting (a bool flips).
 OTHER_VALUES = {
-    "window_size": 64, "verify_batch_size": 2, "inject_mismatch_rate": 0.25,
-    "skip_compare": True, "max_verify_wait": 3, "max_passes_per_step": 2,
+    "window_size": 16, "verify_batch_size": 2, "inject_mismatch_rate": 0.25,
+    "skip_compare": True, "max_verify_wait": 3, "max_finish_wait": 2, "max_passes_per_step": 2,
     "max_pass_rows_per_step": 3,
-    "defer_verify_on_prefill": True, "overlap_verify": True, "batched_prefill": False,
+    "defer_verify_on_prefill": True, "overlap_verify": False, "batched_prefill": False,
     "prefix_cache": True, "solo_prefill_min_tokens": 300, "benchmark_modes": True,
     "fp32_logits": False, "verifier": "row-invariant",
     "allow_unproven_backend": True,
@@ -98,7 +99,7 @@ def test_stats_echo_every_setting_resolved(config):
     assert "seed" not in snap
     # resolved, not raw: the wait W // 4 and the threshold the prefix cache moves
     if config == Llm42Config():
-        assert (snap["max_verify_wait"], snap["solo_prefill_min_tokens"]) == (4, 1024)
+        assert (snap["max_verify_wait"], snap["solo_prefill_min_tokens"]) == (16, 1024)
 
 
 def test_prefix_cache_says_it_moves_the_solo_prefill_threshold():

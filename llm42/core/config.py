@@ -63,6 +63,13 @@ class Llm42Config:
         "instead of padding; 0 verifies every window at once. Default: W / 4 (0 with "
         "--llm42-verifier row-invariant, whose passes compute no dummy rows).",
         echo_as="verify_wait_steps")
+    max_finish_wait: int = _setting(
+        0, "--llm42-max-finish-wait",
+        "Decode steps a finishing request's last window may wait, its finish withheld, so that "
+        "it shares a pass with other rows instead of forcing one of its own (each step decodes "
+        "one token past the finish, which is dropped); past the max verify wait it is due "
+        "anyway. 0 (default): verified at once. Outputs unchanged; a deterministic request "
+        "completes up to N steps later.")
     max_passes_per_step: int = _setting(
         0, "--llm42-max-passes-per-step",
         "At most this many verification passes per scheduler step, so that a burst of due "
@@ -129,7 +136,8 @@ class Llm42Config:
         False, "--llm42-benchmark-modes",
         "Benchmarking only: accept POST /llm42_benchmark_mode {\"skip_compare\": bool, "
         "\"inject_mismatch_rate\": float, \"window_size\": int, \"verify_batch_size\": int, "
-        "\"max_verify_wait\": int or null, \"overlap_verify\": bool} to switch those settings "
+        "\"max_verify_wait\": int or null, \"overlap_verify\": bool, \"max_finish_wait\": int} to "
+        "switch those settings "
         "on the running server between benchmark runs (one server start for llm42, "
         "comparison-skipped and injected runs, a window sweep and a survey of the pass "
         "scheduling). A window or B switch needs an idle server: with deterministic requests "
@@ -210,6 +218,11 @@ class Llm42Config:
                 f"--llm42-max-verify-wait must be in [0, window size), got "
                 f"{self.max_verify_wait} with --llm42-window-size {self.window_size}"
             )
+        if not 0 <= self.max_finish_wait < self.window_size:
+            raise ValueError(
+                f"--llm42-max-finish-wait must be in [0, window size), got "
+                f"{self.max_finish_wait} with --llm42-window-size {self.window_size}"
+            )
         if self.max_passes_per_step < 0:
             raise ValueError(
                 f"--llm42-max-passes-per-step must be >= 0 (0: no cap), got "
@@ -269,10 +282,11 @@ def setting_fields() -> list[Field]:
 
 
 # What POST /llm42_benchmark_mode may switch on a running server (--llm42-benchmark-modes).
-# max_verify_wait and overlap_verify change only when a row is verified, so a defaults survey
-# (issue 33) runs them on one server start too.
+# max_verify_wait, overlap_verify and max_finish_wait change only when a row is verified, so a
+# defaults survey (issue 33) runs them on one server start too.
 BENCHMARK_MODE_FIELDS = ("skip_compare", "inject_mismatch_rate", "window_size",
-                         "verify_batch_size", "max_verify_wait", "overlap_verify")
+                         "verify_batch_size", "max_verify_wait", "overlap_verify",
+                         "max_finish_wait")
 
 
 class ModeSwitchBusy(RuntimeError):
@@ -308,6 +322,11 @@ def parse_benchmark_mode(body) -> dict:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
             mode[name] = value
+    if "max_finish_wait" in body:
+        wait = body["max_finish_wait"]
+        if isinstance(wait, bool) or not isinstance(wait, int) or wait < 0:
+            raise ValueError(f"max_finish_wait must be an integer >= 0, got {wait!r}")
+        mode["max_finish_wait"] = wait
     if "max_verify_wait" in body:  # null: the flag's default (W // 4, following W)
         wait = body["max_verify_wait"]
         if wait is not None and (isinstance(wait, bool) or not isinstance(wait, int) or wait < 0):
