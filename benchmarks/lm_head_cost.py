@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from benchmarks import env_info, report
 from benchmarks.gemm_timing import PRESETS, timed
-from llm42.sglang.fp32_logits import fp32_matmul
+from llm42.sglang.fp32_logits import bf16_is_rounded_fp32, fp32_matmul, one_gemm_exact
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,16 +84,15 @@ def variants(hidden: torch.Tensor, weight: torch.Tensor, shares: list[float]) ->
     return out
 
 
-def bf16_is_rounded_fp32(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
-    """SGLang's bf16 LM head equals the fp32-output GEMM rounded to bf16, bit for bit."""
-    return torch.equal(torch.matmul(hidden, weight.t()),
-                       fp32_matmul(hidden, weight).to(weight.dtype))
+def _random_head(shape: dict, device: torch.device, g: torch.Generator) -> torch.Tensor:
+    """LM head weights [vocab, hidden], bf16, on `device`."""
+    return (torch.randn(shape["vocab"], shape["hidden"], generator=g) * 0.02).to(
+        device=device, dtype=torch.bfloat16)
 
 
 def measure(args, shape: dict, device: torch.device, bar) -> list[dict]:
     g = torch.Generator(device="cpu").manual_seed(args.seed)
-    weight = (torch.randn(shape["vocab"], shape["hidden"], generator=g) * 0.02).to(
-        device=device, dtype=torch.bfloat16)
+    weight = _random_head(shape, device, g)
     shares = [float(s) for s in args.det_shares.split(",") if s]
     rows = []
     for n in [int(b) for b in args.batch_sizes.split(",") if b]:
@@ -112,16 +111,10 @@ def measure(args, shape: dict, device: torch.device, bar) -> list[dict]:
 
 
 def rounding_check(args, shape: dict, device: torch.device) -> dict:
-    """`bf16_is_rounded_fp32` for every N = 1 .. --check-rows, random hidden states per N."""
-    g = torch.Generator(device="cpu").manual_seed(args.seed + 1)
-    weight = (torch.randn(shape["vocab"], shape["hidden"], generator=g) * 0.02).to(
-        device=device, dtype=torch.bfloat16)
-    unequal = []
-    for n in tqdm(range(1, args.check_rows + 1), desc="bf16 == rounded fp32, N"):
-        hidden = torch.randn(n, shape["hidden"], generator=g).to(device=device,
-                                                                 dtype=torch.bfloat16)
-        if not bf16_is_rounded_fp32(hidden, weight):
-            unequal.append(n)
+    """The server's own check (`fp32_logits.one_gemm_exact`) for every N = 1 .. --check-rows."""
+    weight = _random_head(shape, device, torch.Generator(device="cpu").manual_seed(args.seed + 1))
+    unequal = [n for n in tqdm(range(1, args.check_rows + 1), desc="bf16 == rounded fp32, N")
+               if not one_gemm_exact(weight, n)]
     return {"checked_rows": [1, args.check_rows], "unequal_rows": unequal,
             "all_equal": args.check_rows > 0 and not unequal}
 

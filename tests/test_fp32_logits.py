@@ -196,20 +196,20 @@ _CPU_RUNNER = SimpleNamespace(server_args=SimpleNamespace(enable_dp_attention=Fa
 
 @pytest.fixture
 def one_gemm(monkeypatch):
-    """A fresh exactness cache; `_one_gemm_exact` counted and answering `exact`."""
+    """A fresh exactness cache; `one_gemm_exact` counted and answering `exact`."""
     checks = []
     monkeypatch.setattr(fp32_logits, "_EXACT", {})
     monkeypatch.setattr(fp32_logits, "_GRAPH_ONE_GEMM", {})
     monkeypatch.setattr(fp32_logits, "_GRAPH_MASK", None)
     monkeypatch.setattr(fp32_logits, "_GRAPH_HIDDEN", None)
-    real = fp32_logits._one_gemm_exact
+    real = fp32_logits.one_gemm_exact
 
     def exact(weight, rows):
         checks.append(rows)
         return real(weight, rows) if checks_answer[0] is None else checks_answer[0]
 
     checks_answer = [None]
-    monkeypatch.setattr(fp32_logits, "_one_gemm_exact", exact)
+    monkeypatch.setattr(fp32_logits, "one_gemm_exact", exact)
     return checks, checks_answer
 
 

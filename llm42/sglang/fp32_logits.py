@@ -27,7 +27,7 @@ One GEMM for every row reads the weights once; the recompute reads them a second
 It is exact only where SGLang's bf16 GEMM equals the fp32-output GEMM rounded to bf16, bit for
 bit: the same kernel, accumulation and rounding, which depends on the device, the library and
 the row count N. So each N is checked once on the device, on the loaded weights with random
-inputs (`_one_gemm_exact`), before it is used; an N that fails (or a head with a logit scale,
+inputs (`one_gemm_exact`), before it is used; an N that fails (or a head with a logit scale,
 applied before SGLang's upcast) keeps the recompute. H100, torch 2.11 cu130: exact for every
 N = 1 .. 256. `LLM42_FP32_LOGITS_LAYOUT=recompute` turns the one-GEMM layout off.
 
@@ -63,7 +63,7 @@ _DEFAULT_GRAPH_ROWS = 1024  # graph buffer rows when SGLang's decode graph size 
 # Test / proof runs: check on the device, without a sync, that each recomputed row is the row
 # SGLang computed, only less rounded (`recompute_rows`).
 CHECK_ROWS_ENV = "LLM42_TEST_CHECK_FP32_ROWS"
-# auto (default): one GEMM for the rows of both kinds where `_one_gemm_exact`; recompute: never.
+# auto (default): one GEMM for the rows of both kinds where `one_gemm_exact`; recompute: never.
 LAYOUT_ENV = "LLM42_FP32_LOGITS_LAYOUT"
 _EXACT: dict[tuple, bool] = {}  # (device, weight shape, dtype, N) -> one GEMM is exact
 _GRAPH_ONE_GEMM: dict[int, bool] = {}  # decode graph rows -> captured with the one-GEMM layout
@@ -74,7 +74,7 @@ class _Forward(threading.local):
     `ModelRunner.forward`; a CUDA graph capture runs outside it and sees the defaults)."""
 
     all_rows = False  # every row needs fp32 (see the module docstring)
-    det_mask: torch.Tensor | None = None  # [rows] bool on the device: the deterministic rows
+    det_rows: tuple | None = None  # (index on the device, rows) of a forward of both kinds
     in_forward = False  # inside ModelRunner.forward (a graph's warm-up and capture are not)
     computed = False  # the LM head hook gave every row fp32 in this forward (it ran eagerly)
     forced = False  # inside the recompute: fp32 whatever else holds
@@ -154,9 +154,11 @@ def compute_lm_head_hook(original, processor, hidden_states, lm_head, embedding_
     elif _FWD.all_rows:
         _FWD.computed = True
         return fp32_matmul(hidden_states, lm_head.weight)
-    elif _FWD.det_mask is not None and _one_gemm_usable(processor, lm_head, rows):
+    elif _FWD.det_rows is not None and _one_gemm_usable(processor, lm_head, rows):
         _FWD.computed = True
-        return _one_gemm(hidden_states, lm_head.weight, _FWD.det_mask)
+        index, num_rows = _FWD.det_rows
+        mask = torch.zeros(num_rows, dtype=torch.bool, device=index.device)
+        return _one_gemm(hidden_states, lm_head.weight, mask.index_fill_(0, index, True))
     else:
         _FWD.eager_hidden = hidden_states
         if hidden_states.is_cuda and not _FWD.in_forward:
@@ -180,7 +182,7 @@ def _one_gemm(hidden: torch.Tensor, weight: torch.Tensor, det_mask: torch.Tensor
 
 def _one_gemm_usable(processor, lm_head, rows: int, check: bool = True) -> bool:
     """Whether a forward of `rows` LM head rows may use the one-GEMM layout: not turned off, no
-    logit scale (SGLang applies it before its upcast), and `_one_gemm_exact` for this N (run
+    logit scale (SGLang applies it before its upcast), and `one_gemm_exact` for this N (run
     now if `check`, else only a past check counts: inside a CUDA graph capture)."""
     if os.environ.get(LAYOUT_ENV, "auto") == "recompute" or getattr(
             processor, "logit_scale", None) is not None:
@@ -190,19 +192,26 @@ def _one_gemm_usable(processor, lm_head, rows: int, check: bool = True) -> bool:
     if key not in _EXACT:
         if not check:
             return False
-        _EXACT[key] = _one_gemm_exact(weight, rows)
+        _EXACT[key] = one_gemm_exact(weight, rows)
         logger.info("llm42: fp32 logits for %d rows by %s", rows,
                     "one GEMM" if _EXACT[key] else "recompute (bf16 != rounded fp32 here)")
     return _EXACT[key]
 
 
-def _one_gemm_exact(weight: torch.Tensor, rows: int) -> bool:
-    """SGLang's bf16 LM head [rows, H] @ [V, H]^T equals the fp32-output GEMM rounded to bf16,
-    bit for bit, on random inputs (a seeded generator of its own: the global RNG is untouched)."""
+def one_gemm_exact(weight: torch.Tensor, rows: int) -> bool:
+    """`bf16_is_rounded_fp32` for `rows` random inputs (a seeded generator of its own: the global
+    RNG is untouched): the check each N passes before the one-GEMM layout serves it
+    (`benchmarks.lm_head_cost` runs the same one over N = 1 .. 256)."""
     g = torch.Generator(device=weight.device).manual_seed(rows)
     hidden = torch.randn(rows, weight.shape[1], generator=g, device=weight.device,
                          dtype=torch.float32).to(weight.dtype)
-    return torch.equal(torch.matmul(hidden, weight.T),
+    return bf16_is_rounded_fp32(hidden, weight)
+
+
+def bf16_is_rounded_fp32(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
+    """SGLang's bf16 LM head [N, H] @ [V, H]^T equals the fp32-output GEMM rounded to bf16, bit
+    for bit."""
+    return torch.equal(torch.matmul(hidden.to(weight.dtype), weight.T),
                        fp32_matmul(hidden, weight).to(weight.dtype))
 
 
@@ -218,19 +227,22 @@ def model_forward_hook(original, model_runner, forward_batch, *args, **kwargs):
     det_index, num_rows = deterministic_rows(forward_batch)
     _FWD.all_rows = det_index is not None and (
         len(det_index) == num_rows or _rows_are_tokens(forward_batch))
-    _FWD.computed, _FWD.eager_hidden, _FWD.det_mask = False, None, None
+    _FWD.computed, _FWD.eager_hidden, _FWD.det_rows = False, None, None
     _FWD.in_forward = True
     decode = forward_batch.forward_mode.is_decode()
+    graph_mask = decode and _GRAPH_MASK is not None  # a decode graph may read it
     device = _GRAPH_MASK.device if _GRAPH_MASK is not None else _forward_device(model_runner)
-    # one host-to-device copy of the rows per forward, for the graph mask and the eager mask
-    index = None if det_index is None or device is None else _index(det_index, device)
-    if decode and _GRAPH_MASK is not None:  # a decode graph may read it: this batch's rows
+    # one host-to-device copy of the rows per forward, for the graph mask, the eager one-GEMM
+    # mask and the recompute; none where every row is fp32 and no graph mask needs them
+    index = None
+    if det_index is not None and device is not None and (graph_mask or not _FWD.all_rows):
+        index = _index(det_index, device)
+    if graph_mask:  # this batch's rows
         _GRAPH_MASK.zero_()
         if index is not None:
             _GRAPH_MASK.index_fill_(0, index, True)
     if index is not None and not _FWD.all_rows:
-        _FWD.det_mask = torch.zeros(num_rows, dtype=torch.bool, device=device).index_fill_(
-            0, index, True)
+        _FWD.det_rows = (index, num_rows)  # the hook builds the mask if it runs eagerly
     try:
         out = original(model_runner, forward_batch, *args, **kwargs)
         if det_index is not None and not _FWD.computed:
@@ -245,7 +257,7 @@ def model_forward_hook(original, model_runner, forward_batch, *args, **kwargs):
             recompute_rows(out.logits_output, det_index, hidden, index)
     finally:
         _FWD.all_rows, _FWD.computed, _FWD.eager_hidden = False, False, None
-        _FWD.det_mask, _FWD.in_forward = None, False
+        _FWD.det_rows, _FWD.in_forward = None, False
     return out
 
 
