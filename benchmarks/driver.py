@@ -217,10 +217,8 @@ def scheduling_mode(llm42_args: str | None) -> tuple[str, dict]:
     (absent: the flag's default; None for the max verify wait, W // 4)."""
     from llm42.core.config import Llm42Config
 
-    rest, tokens = [], shlex.split(llm42_args or "")
-    defaults = Llm42Config()
-    mode = {"max_verify_wait": None, "overlap_verify": defaults.overlap_verify,
-            "max_finish_wait": defaults.max_finish_wait}
+    rest, tokens, defaults = [], shlex.split(llm42_args or ""), Llm42Config()
+    mode = {name: getattr(defaults, name) for name, _ in _SCHEDULING_FLAGS.values()}
     i = 0
     while i < len(tokens):
         flag, _, value = tokens[i].partition("=")
@@ -249,15 +247,16 @@ def attach_variants(configs: list[ServerConfig]) -> list[ServerConfig]:
     A server hosting several windows (B, scheduling settings) gets `window_size`
     (`verify_batch_size`, the scheduling fields) in every switched variant's mode. A skip /
     inject config without a plain llm42 config keeps a start of its own."""
+    split = {id(cfg): scheduling_mode(cfg.meta.get("llm42_args")) for cfg in configs}
     hosts: dict[str, ServerConfig] = {}  # --llm42-args less scheduling -> its host
     for cfg in configs:
-        key = scheduling_mode(cfg.meta.get("llm42_args"))[0]
+        key = split[id(cfg)][0]
         if cfg.kind == "llm42" and (key not in hosts or
                                     cfg.meta["window_size"] > hosts[key].meta["window_size"]):
             hosts[key] = cfg
     out, guests = [], {key: [] for key in hosts}
     for cfg in configs:
-        key = scheduling_mode(cfg.meta.get("llm42_args"))[0]
+        key = split[id(cfg)][0]
         if cfg.kind in _SWITCHABLE and key in hosts and hosts[key] is not cfg:
             guests[key].append(cfg)
         else:
@@ -266,7 +265,7 @@ def attach_variants(configs: list[ServerConfig]) -> list[ServerConfig]:
         group = [host, *guests[key]]
         windows = {c.meta["window_size"] for c in group}
         batches = {c.meta["verify_batch_size"] for c in group}
-        schedules = {tuple(scheduling_mode(c.meta.get("llm42_args"))[1].items()) for c in group}
+        schedules = {tuple(split[id(c)][1].items()) for c in group}
         if guests[key] and "--llm42-benchmark-modes" not in host.flags:
             host.flags.append("--llm42-benchmark-modes")
         for cfg in guests[key]:
@@ -276,7 +275,7 @@ def attach_variants(configs: list[ServerConfig]) -> list[ServerConfig]:
             if len(batches) > 1:
                 mode["verify_batch_size"] = cfg.meta["verify_batch_size"]
             if len(schedules) > 1:
-                mode.update(scheduling_mode(cfg.meta.get("llm42_args"))[1])
+                mode.update(split[id(cfg)][1])
             host.switched.append(ServerConfig(cfg.label, cfg.config, host.flags, cfg.ratios,
                                               {**cfg.meta, "benchmark_mode": mode},
                                               kind=cfg.kind))

@@ -213,16 +213,13 @@ class Llm42Config:
             raise ValueError(
                 f"--llm42-verify-batch-size must be >= 1, got {self.verify_batch_size}"
             )
-        if self.max_verify_wait is not None and not 0 <= self.max_verify_wait < self.window_size:
-            raise ValueError(
-                f"--llm42-max-verify-wait must be in [0, window size), got "
-                f"{self.max_verify_wait} with --llm42-window-size {self.window_size}"
-            )
-        if not 0 <= self.max_finish_wait < self.window_size:
-            raise ValueError(
-                f"--llm42-max-finish-wait must be in [0, window size), got "
-                f"{self.max_finish_wait} with --llm42-window-size {self.window_size}"
-            )
+        for flag, wait in (("--llm42-max-verify-wait", self.max_verify_wait),
+                           ("--llm42-max-finish-wait", self.max_finish_wait)):
+            if wait is not None and not 0 <= wait < self.window_size:
+                raise ValueError(
+                    f"{flag} must be in [0, window size), got {wait} with "
+                    f"--llm42-window-size {self.window_size}"
+                )
         if self.max_passes_per_step < 0:
             raise ValueError(
                 f"--llm42-max-passes-per-step must be >= 0 (0: no cap), got "
@@ -322,16 +319,15 @@ def parse_benchmark_mode(body) -> dict:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
             mode[name] = value
-    if "max_finish_wait" in body:
-        wait = body["max_finish_wait"]
-        if isinstance(wait, bool) or not isinstance(wait, int) or wait < 0:
-            raise ValueError(f"max_finish_wait must be an integer >= 0, got {wait!r}")
-        mode["max_finish_wait"] = wait
-    if "max_verify_wait" in body:  # null: the flag's default (W // 4, following W)
-        wait = body["max_verify_wait"]
-        if wait is not None and (isinstance(wait, bool) or not isinstance(wait, int) or wait < 0):
-            raise ValueError(f"max_verify_wait must be an integer >= 0 or null, got {wait!r}")
-        mode["max_verify_wait"] = wait
+    # max_verify_wait null: the flag's default (W // 4, following W)
+    for name, nullable in (("max_finish_wait", False), ("max_verify_wait", True)):
+        if name in body:
+            wait = body[name]
+            if not (nullable and wait is None) and (
+                    isinstance(wait, bool) or not isinstance(wait, int) or wait < 0):
+                raise ValueError(f"{name} must be an integer >= 0{' or null' * nullable}, "
+                                 f"got {wait!r}")
+            mode[name] = wait
     return mode
 
 
