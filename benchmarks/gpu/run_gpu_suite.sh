@@ -127,7 +127,8 @@
 #   "--llm42-max-verify-wait 64"; they also name the server in the tables; ';' separates
 #   variants, one server each: ";--llm42-max-verify-wait 64" = defaults, then wait 64)
 #   ARGS_VARIANT_RATIOS="" (ratios of the LLM42_ARGS variants after the first; default DET_RATIOS.
-#   Variants differing only in --llm42-max-verify-wait / --llm42-overlap-verify share a server
+#   Variants differing only in --llm42-max-verify-wait, --[no-]llm42-overlap-verify or
+#   --llm42-max-finish-wait share a server
 #   with SWITCH_VARIANTS=1, switched at runtime)
 #   BENCH_CONFIGS=nondet,sglang-det,llm42 (configs of a bench-WORKLOAD step without -CONFIG)
 #   PREFILL_GRAPHS=0 (1: keep SGLang's prefill CUDA graphs for every config)

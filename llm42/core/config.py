@@ -91,8 +91,9 @@ class Llm42Config:
         True, "--llm42-overlap-verify",
         "Overlap scheduler (SGLang's default): queue a verification pass behind the decode step "
         "in flight and process that step's result while the GPU verifies, instead of waiting "
-        "for it first (passes of full windows and prompts; a finishing request's partial window "
-        "still waits). On by default; --no-llm42-overlap-verify waits first. Outputs "
+        "for it first (full windows, prompts and a finishing request's partial window, whose "
+        "token past the finish is dropped). On by default; --no-llm42-overlap-verify waits "
+        "first. Outputs "
         "unchanged; the H200 determinism proof passed with it.")
     batched_prefill: bool = _setting(
         True, "--llm42-batched-prefill",
