@@ -289,3 +289,45 @@ def test_a_decode_graph_captured_with_one_gemm_reads_the_rows_mask(hooked, one_g
             assert torch.equal(logits[i], expected), (det, i)
     assert not recomputes
     assert fp32_logits._graph_used_one_gemm(4) and not fp32_logits._graph_used_one_gemm(7)
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["one-gemm-graph", "recompute-graph"])
+def test_a_pass_replaying_a_decode_graph_gets_fp32_for_every_row(hooked, one_gemm, monkeypatch,
+                                                                  exact):
+    """A row-invariant pass is a decode forward and replays SGLang's decode graph, captured for
+    the fast path: whatever rows the last fast-path step marked, every row of the pass gets the
+    fp32 GEMM's logits (the mask set for the pass, or every row recomputed), and the next
+    fast-path replay is SGLang's bf16 again."""
+    from llm42.sglang import runtime
+
+    forward, hidden, lm_head = hooked
+    checks, answer = one_gemm
+    answer[0] = exact
+    processor = _sglang_processor(lm_head.weight.shape[0])
+    capturing = [False]
+    monkeypatch.setattr(fp32_logits, "_capturing", lambda h: capturing[0])
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    fp32_logits.compute_lm_head_hook(_original, processor, hidden, lm_head)  # warm-up: checked
+    capturing[0] = True  # from here on every forward is the captured code (a replay)
+    fp32_logits.compute_lm_head_hook(_original, processor, hidden, lm_head)  # the capture
+    assert fp32_logits._GRAPH_ONE_GEMM == {6: exact}
+
+    def replay(runner, batch):  # the captured code, with Python's state as it was at capture
+        in_pass = runtime.IN_VERIFY_PASS
+        runtime.IN_VERIFY_PASS = False
+        try:
+            return forward(runner, batch)
+        finally:
+            runtime.IN_VERIFY_PASS = in_pass
+
+    full = fp32_logits.fp32_matmul(hidden, lm_head.weight)
+    fp32_logits.model_forward_hook(replay, _CPU_RUNNER,
+                                   _batch([False, True, False, False, True, False]))
+    pass_batch = SimpleNamespace(forward_mode=_batch([]).forward_mode, sampling_info=None,
+                                 return_logprob=False)
+    monkeypatch.setattr(runtime, "IN_VERIFY_PASS", True)
+    out = fp32_logits.model_forward_hook(replay, _CPU_RUNNER, pass_batch).logits_output
+    assert torch.equal(out.next_token_logits, full)
+    monkeypatch.setattr(runtime, "IN_VERIFY_PASS", False)
+    out = fp32_logits.model_forward_hook(replay, _CPU_RUNNER, _batch([False] * 6))
+    assert torch.equal(out.logits_output.next_token_logits, full.to(torch.bfloat16).float())

@@ -63,3 +63,33 @@ def test_the_gate_refuses_a_row_invariant_launch_without_a_proof():
         _scheduler("cuda", "triton"), override) == "row-invariant:triton"
     with pytest.raises(ValueError, match="needs decode attention triton on cuda .got flashinfer"):
         hooks_lifecycle._check_row_invariant(_scheduler("cuda", "flashinfer"), override)
+
+
+def test_a_pass_of_several_forwards_keeps_every_forwards_logits(monkeypatch):
+    """A pass with more entries than a forward's rows runs several forwards. Each replayed decode
+    graph returns the same static output buffer, so a forward's logits must be copied out before
+    the next one runs: every compared entry gets the logits of its own (position, token)."""
+    from llm42.core.planner import VerifyPass, VerifyRow
+
+    vocab, window = 4, 6
+    static = torch.empty(5, vocab)  # one output buffer for every forward, like a CUDA graph's
+
+    def graph_forward(scheduler, decode_batch, chunk, rows, device):
+        static.zero_()
+        for i, (_, position, token) in enumerate(chunk):
+            static[i] = position * 1000 + token
+        return static, True
+
+    monkeypatch.setattr(row_pass, "ROWS_PER_FORWARD", {"cpu": 5})
+    monkeypatch.setattr(row_pass, "_forward", graph_forward)
+    rows = [VerifyRow(rid=f"r{k}", input_ids=tuple(range(10 * k, 10 * k + window)),
+                      positions=tuple(range(20 + k, 20 + k + window)), prefix_len=20 + k,
+                      num_real=window, sample_from=k) for k in range(3)]
+    vpass = VerifyPass(rows=tuple(rows), batch_size=3, window_size=window)
+    launched = row_pass.launch_row_pass(None, SimpleNamespace(device="cpu"), vpass,
+                                        [SimpleNamespace()] * 3)
+    assert len(launched.entries) == 6 + 5 + 4  # compared, of 18 entries in 4 forwards of 5
+    for (r, j), logits in zip(launched.entries, launched.logits, strict=True):
+        expected = rows[r].positions[j] * 1000 + rows[r].input_ids[j]
+        assert torch.equal(logits, torch.full((vocab,), float(expected))), (r, j)
+    assert launched.graphed

@@ -140,7 +140,10 @@ def compute_lm_head_hook(original, processor, hidden_states, lm_head, embedding_
     if not enabled() or not _is_plain(processor, lm_head):
         return original(processor, hidden_states, lm_head, embedding_bias)
     _FWD.head = (processor, lm_head)
-    if runtime.IN_VERIFY_PASS or _FWD.forced:
+    if _FWD.forced:
+        return fp32_matmul(hidden_states, lm_head.weight)
+    if runtime.IN_VERIFY_PASS:
+        _FWD.computed = True
         return fp32_matmul(hidden_states, lm_head.weight)
     rows = hidden_states.shape[0]
     if _capturing(hidden_states):
@@ -218,6 +221,8 @@ def bf16_is_rounded_fp32(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
 def model_forward_hook(original, model_runner, forward_batch, *args, **kwargs):
     """AROUND ModelRunner.forward: decide which rows get fp32 logits, run the forward, then
     recompute the deterministic rows' logits in fp32 (see the module docstring)."""
+    if enabled() and runtime.IN_VERIFY_PASS:
+        return _pass_forward(original, model_runner, forward_batch, *args, **kwargs)
     if (not enabled() or runtime.IN_VERIFY_PASS
             or not _fast_path_forward(model_runner, forward_batch)
             or getattr(model_runner.server_args, "enable_dp_attention", False)):
@@ -258,6 +263,34 @@ def model_forward_hook(original, model_runner, forward_batch, *args, **kwargs):
     finally:
         _FWD.all_rows, _FWD.computed, _FWD.eager_hidden = False, False, None
         _FWD.det_rows, _FWD.in_forward = None, False
+    return out
+
+
+def _pass_forward(original, model_runner, forward_batch, *args, **kwargs):
+    """A verification pass's forward: fp32 logits for every row, whichever way it runs.
+
+    Eagerly the LM head hook computes them. A row-invariant pass is a decode forward and may
+    replay one of SGLang's decode CUDA graphs, captured for the fast path: one captured with the
+    one-GEMM layout gets a mask of every row (reset after, so no later fast-path replay reads
+    it), one captured for the recompute has every row recomputed from its LM head input."""
+    decode = forward_batch.forward_mode.is_decode()
+    if decode and _GRAPH_MASK is not None:
+        _GRAPH_MASK.fill_(True)
+    _FWD.computed, _FWD.in_forward = False, True
+    try:
+        out = original(model_runner, forward_batch, *args, **kwargs)
+        logits = getattr(out.logits_output, "next_token_logits", None)
+        if decode and not _FWD.computed and logits is not None and _FWD.head is not None:
+            rows = logits.shape[0]
+            if not _graph_used_one_gemm(rows):
+                if _GRAPH_HIDDEN is None:
+                    raise RuntimeError("llm42 fp32 logits: a pass replayed a decode graph that "
+                                       "kept no LM head input")
+                recompute_rows(out.logits_output, list(range(rows)), _GRAPH_HIDDEN)
+    finally:
+        if decode and _GRAPH_MASK is not None:
+            _GRAPH_MASK.zero_()
+        _FWD.computed, _FWD.in_forward = False, False
     return out
 
 

@@ -83,18 +83,20 @@ def launch_row_pass(
             if j >= row.sample_from:
                 sampled.append(((r, j), len(entries)))
             entries.append((req, row.positions[j], row.input_ids[j]))
-    logits = []
+    picked = []
     graphed = False
     for start in range(0, len(entries), rows):
         chunk = entries[start : start + rows]
         out, ran_graph = _forward(scheduler, decode_batch, chunk, rows, device)
-        logits.append(out[: len(chunk)])
         graphed = graphed or ran_graph
-    picked = None
-    if sampled:
-        index = verifier.to_device([i for _, i in sampled], torch.int64, device)
-        picked = torch.cat(logits).index_select(0, index).float()
-    return verifier.LaunchedPass(vpass, reqs, [key for key, _ in sampled], picked, graphed,
+        # Copied out before the next forward: a replayed decode graph returns its static output
+        # buffer, which that forward overwrites (as a fixed-shape pass copies at launch).
+        wanted = [i - start for _, i in sampled if start <= i < start + len(chunk)]
+        if wanted:
+            index = verifier.to_device(wanted, torch.int64, device)
+            picked.append(out.index_select(0, index).float())
+    logits = torch.cat(picked) if picked else None
+    return verifier.LaunchedPass(vpass, reqs, [key for key, _ in sampled], logits, graphed,
                                  time.perf_counter() - t0)
 
 
