@@ -214,7 +214,7 @@ _SCHEDULING_FLAGS = {"--llm42-max-verify-wait": ("max_verify_wait", True),
 def scheduling_mode(llm42_args: str | None) -> tuple[str, dict]:
     """`--llm42-args` split into what needs a server start of its own (the key of its host) and
     the pass-scheduling settings a host switches at runtime, every one of `_SCHEDULING_FLAGS`
-    (absent: the flag's default; None for the max verify wait, W // 4)."""
+    (absent: the flag's default; None for the two waits: W // 4)."""
     from llm42.core.config import Llm42Config
 
     rest, tokens, defaults = [], shlex.split(llm42_args or ""), Llm42Config()

@@ -261,7 +261,7 @@ def test_benchmark_modes_switch_on_a_running_server(llm42_server):
             "success": True, "skip_compare": False, "inject_mismatch_rate": 1.0,
             "window_size": WINDOW, "verify_batch_size": VERIFY_BATCH,
             "max_verify_wait": WINDOW // 4, "overlap_verify": True,
-            "max_finish_wait": 0}
+            "max_finish_wait": WINDOW // 4}
         requests.post(url + "/reset_llm42_stats", timeout=30)
         injected = generate(url, prompt, det=True, max_new_tokens=24)
         stats = requests.get(url + "/llm42_stats", timeout=30).json()
@@ -273,7 +273,7 @@ def test_benchmark_modes_switch_on_a_running_server(llm42_server):
             "success": True, "skip_compare": True, "inject_mismatch_rate": 0.0,
             "window_size": WINDOW, "verify_batch_size": VERIFY_BATCH,
             "max_verify_wait": WINDOW // 4, "overlap_verify": True,
-            "max_finish_wait": 0}
+            "max_finish_wait": WINDOW // 4}
         requests.post(url + "/reset_llm42_stats", timeout=30)
         generate(url, prompt, det=True, max_new_tokens=24)
         stats = requests.get(url + "/llm42_stats", timeout=30).json()
@@ -305,12 +305,14 @@ def test_benchmark_modes_switch_on_a_running_server(llm42_server):
 def test_a_finish_wait_changes_when_a_request_completes_not_what_it_returns(llm42_server):
     """--llm42-max-finish-wait (switched at runtime, with a longer max verify wait so that it
     can take effect): finishing windows wait for a shared pass, their finishes withheld, and
-    every output is bitwise the one verified at once; the server is healthy after."""
+    every output is bitwise the one verified at once (0); the default follows the max verify
+    wait; the server is healthy after."""
     url = llm42_server.url
     prompts = ["Count with me: one two three four", "The quick brown fox jumps over",
                "def add(a, b):"]
-    base = generate(url, prompts, det=True, max_new_tokens=13, ignore_eos=True)
     try:
+        assert _mode(llm42_server, {"max_finish_wait": 0}).json()["max_finish_wait"] == 0
+        base = generate(url, prompts, det=True, max_new_tokens=13, ignore_eos=True)
         r = _mode(llm42_server, {"max_verify_wait": WINDOW - 1, "max_finish_wait": WINDOW - 1})
         assert r.status_code == 200 and r.json()["max_finish_wait"] == WINDOW - 1, r.text
         waited = concurrently([lambda p=p: generate(url, p, det=True, max_new_tokens=13,
@@ -319,9 +321,9 @@ def test_a_finish_wait_changes_when_a_request_completes_not_what_it_returns(llm4
         for p, ref, got, bat in zip(prompts, base, waited, batched):
             assert got[:2] == ref[:2] and bat[:2] == ref[:2], p
     finally:
-        _mode(llm42_server, {"max_verify_wait": None, "max_finish_wait": 0})
+        _mode(llm42_server, {"max_verify_wait": None, "max_finish_wait": None})
     stats = requests.get(url + "/llm42_stats", timeout=30).json()
-    assert stats["max_finish_wait"] == 0 and stats["max_verify_wait"] == WINDOW // 4
+    assert stats["max_finish_wait"] == stats["max_verify_wait"] == WINDOW // 4
 
 
 @pytest.mark.parametrize("body, field", [
@@ -404,7 +406,7 @@ def test_window_switch_serves_as_a_server_started_with_that_window(llm42_server,
             "success": True, "skip_compare": False, "inject_mismatch_rate": 0.0,
             "window_size": SWITCHED_WINDOW, "verify_batch_size": VERIFY_BATCH,
             "max_verify_wait": SWITCHED_WINDOW // 4, "overlap_verify": True,
-            "max_finish_wait": 0}
+            "max_finish_wait": SWITCHED_WINDOW // 4}
         switched = run(url)
         stats = requests.get(url + "/llm42_stats", timeout=30).json()
         assert (stats["window_size"], stats["max_verify_wait"]) == (16, 4), stats

@@ -21,7 +21,7 @@ PUBLISHED_FLAGS = {
     "llm42_inject_mismatch_rate": 0.0,
     "llm42_skip_compare": False,
     "llm42_max_verify_wait": None,
-    "llm42_max_finish_wait": 0,
+    "llm42_max_finish_wait": None,
     "llm42_max_passes_per_step": 0,
     "llm42_max_pass_rows_per_step": None,
     "llm42_defer_verify_on_prefill": False,

@@ -37,13 +37,13 @@ def due_jobs(states: Sequence[DetRequestState], step: int, config: Llm42Config,
     """Indices of the ready `states` to verify now (`planner.select_jobs`), most pressing first.
 
     Each job's wait counts from the decode step it was first seen ready (`note_ready`, stamped
-    here); a finishing job is urgent once it waited `--llm42-max-finish-wait` steps (at once by
-    default). `hold`: the step is about to prefill."""
+    here); a finishing job is urgent once it waited `Llm42Config.finish_wait_steps` steps (by
+    default as long as a full window may wait). `hold`: the step is about to prefill."""
     for state in states:
         state.note_ready(step)
     waits = [step - s.ready_since_step for s in states]
     return select_jobs([num_job_rows(s) for s in states], waits,
-                       [s.is_finishing and w >= config.max_finish_wait
+                       [s.is_finishing and w >= config.finish_wait_steps
                         for s, w in zip(states, waits)],
                        config.verify_batch_size, config.verify_wait_steps,
                        config.max_passes_per_step, hold)
