@@ -126,19 +126,30 @@ def test_links_resolve(page):
 
 # Settings whose defaults decide a headline number (echoed by /llm42_stats, recorded in results).
 _HEADLINE_SETTINGS = ("window_size", "verify_batch_size", "max_verify_wait", "fp32_logits",
-                      "batched_prefill", "overlap_verify", "defaults_version")
+                      "batched_prefill", "overlap_verify", "max_finish_wait", "defaults_version")
 _OLDER_DEFAULTS = "previous defaults"  # how a caption or row says it predates the defaults
 
 
-def _headline() -> tuple[str, list[str]]:
-    """The caption (text before the table) and the table rows of the README's headline."""
+def _headline() -> list[tuple[str, list[str]]]:
+    """The tables of the README's headline section: each one's caption (the text between it and
+    the table before) and its rows."""
     text = README.read_text()
     start = text.index("## When to use it")
     section = text[start:text.index("\n## ", start + 5)]
-    lines = section.splitlines()
-    first = next(i for i, line in enumerate(lines) if line.startswith("|"))
-    rows = [line for line in lines[first + 2:] if line.startswith("|")]
-    return "\n".join(lines[:first]), rows
+    tables, caption, rows = [], [], None
+    for line in section.splitlines():
+        if line.startswith("|"):
+            if rows is None:
+                rows = []
+            rows.append(line)
+        else:
+            if rows is not None:
+                tables.append(("\n".join(caption), rows[2:]))  # past header and rule
+                caption, rows = [], None
+            caption.append(line)
+    if rows is not None:
+        tables.append(("\n".join(caption), rows[2:]))
+    return tables
 
 
 def _llm42_records(target: Path) -> list[dict]:
@@ -161,9 +172,10 @@ def test_headline_rows_come_from_the_defaults_or_say_so():
 
     defaults = Llm42Config().echo()
     refs = dict(re.findall(r"^\[([^\]]+)\]: (\S+)", README.read_text(), re.M))
-    caption, rows = _headline()
-    assert rows, "the README has no headline table"
-    for row in rows:
+    tables = _headline()
+    assert tables and tables[0][1], "the README has no headline table"
+    assert _OLDER_DEFAULTS not in tables[0][0], "the first headline table is not today's"
+    for caption, row in ((caption, row) for caption, rows in tables for row in rows):
         if _OLDER_DEFAULTS in caption or _OLDER_DEFAULTS in row:
             continue
         targets = {README.parent / refs[ref] for ref in re.findall(r"\]\[([^\]]+)\]", row)}
@@ -183,7 +195,7 @@ def test_headline_check_tells_defaults_apart():
     record = {"llm42_stats": {key: defaults[key] for key in _HEADLINE_SETTINGS}}
     assert _ran_at_defaults(record, defaults)
     for key, other in (("window_size", 16), ("fp32_logits", False), ("overlap_verify", False),
-                       ("defaults_version", 3)):
+                       ("max_finish_wait", 0), ("defaults_version", 4)):
         assert not _ran_at_defaults({"llm42_stats": {**record["llm42_stats"], key: other}},
                                     defaults), key
     assert not _ran_at_defaults({}, defaults)

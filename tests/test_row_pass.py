@@ -53,10 +53,16 @@ def _scheduler(device: str, decode: str):
                            tp_worker=SimpleNamespace(model_runner=SimpleNamespace(model=_model())))
 
 
-def test_the_gate_refuses_a_row_invariant_launch_without_a_proof():
+def test_the_gate_refuses_a_row_invariant_launch_without_a_proof(monkeypatch):
+    """CPU torch_native and CUDA triton have proofs; a row-pass backend without one (here CUDA
+    triton with its proof taken away) needs the override; a decode backend whose row passes
+    cannot fix each row's KV split is refused even with it."""
     config = Llm42Config(verifier="row-invariant")
     assert hooks_lifecycle._check_row_invariant(_scheduler("cpu", "torch_native"), config) is None
-    with pytest.raises(ValueError, match="no determinism proof on cuda triton yet"):
+    assert hooks_lifecycle._check_row_invariant(_scheduler("cuda", "triton"), config) is None
+    monkeypatch.setattr(row_pass, "PROVEN_ROW_BACKENDS", {"cpu": "torch_native"})
+    with pytest.raises(ValueError, match=r"no determinism proof on cuda triton yet \(proven: "
+                                         r"cpu torch_native\)"):
         hooks_lifecycle._check_row_invariant(_scheduler("cuda", "triton"), config)
     override = Llm42Config(verifier="row-invariant", allow_unproven_backend=True)
     assert hooks_lifecycle._check_row_invariant(

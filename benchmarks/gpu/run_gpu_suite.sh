@@ -468,7 +468,7 @@ run_step() {
     setup) ;;
     proof) proof_step "$MODEL_1B" model_1b ;;
     proof-row-invariant)  # two servers, two (W, B); the second is compared with the first too
-      local row="--llm42-verifier row-invariant --llm42-allow-unproven-backend" top=$step
+      local row="--llm42-verifier row-invariant" top=$step
       step=$top/w16-b32 WINDOW=16 VERIFY_BS=32 PROOF_FEATURES=n2,penalty,json \
         PROOF_LLM42_ARGS="$PROOF_LLM42_ARGS $row" proof_step "$MODEL_1B" model_1b || return 1
       step=$top/w64-b4 WINDOW=64 VERIFY_BS=4 PROOF_FEATURES=n2,penalty,json \

@@ -135,8 +135,7 @@ class Llm42Config:
         "runs each entry as a decode row of its own in forwards of a fixed row count, so a "
         "deterministic output depends on the request alone (not on W, B, the prefill path or "
         "the prefix cache), at the cost of one decode row per verified token. row-invariant: "
-        "proven on CPU (torch_native); on CUDA (triton) it needs "
-        "--llm42-allow-unproven-backend until its proof across W and B has run.")
+        "proven on CPU (torch_native) and CUDA (triton decode attention).")
     benchmark_modes: bool = _setting(
         False, "--llm42-benchmark-modes",
         "Benchmarking only: accept POST /llm42_benchmark_mode {\"skip_compare\": bool, "

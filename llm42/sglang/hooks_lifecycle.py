@@ -75,13 +75,19 @@ def _check_row_invariant(scheduler, config) -> str | None:
         if not config.allow_unproven_backend:
             raise ValueError(
                 f"llm42: --llm42-verifier row-invariant has no determinism proof on {device} "
-                f"{decode} yet (proven: CPU torch_native); pass --llm42-allow-unproven-backend "
+                f"{decode} yet (proven: {_proven_row_backends()}); pass "
+                "--llm42-allow-unproven-backend "
                 "to run it for a proof, or serve with --llm42-verifier fixed-shape")
     problems = row_pass.check_linears(scheduler.tp_worker.model_runner.model, rows)
     if problems:
         raise ValueError("llm42: --llm42-verifier row-invariant refused, this device's GEMMs "
                          "are not row-invariant at the pass shape: " + "; ".join(problems))
     return unproven
+
+
+def _proven_row_backends() -> str:
+    return ", ".join(f"{device} {backend}" for device, backend
+                     in row_pass.PROVEN_ROW_BACKENDS.items())
 
 
 class _CounterView:

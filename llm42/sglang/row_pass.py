@@ -40,10 +40,12 @@ if TYPE_CHECKING:
 # rows are independent of each other (checked at startup, `check_linears`); on CUDA one of
 # SGLang's decode CUDA-graph sizes.
 ROWS_PER_FORWARD = {"cpu": 16, "cuda": 64}
-# Device type -> the decode attention backend whose row-invariant passes have a proof. CUDA's
-# triton path (fixed KV splits inside row passes, `static_kv_splits_hook`) has not run yet: it
-# needs --llm42-allow-unproven-backend until a GPU proof passes.
-PROVEN_ROW_BACKENDS = {"cpu": "torch_native"}
+# Device type -> the decode attention backend whose row-invariant passes have a proof: CPU's
+# torch_native (tests/test_row_invariant.py), CUDA's triton with fixed KV splits inside row
+# passes (`static_kv_splits_hook`; H100: alone vs among 64 background requests, and W 16 B 32 vs
+# W 64 B 4 on two server starts, benchmarks/results/h100-2026-12-06-row-invariant-proof). A
+# backend listed in ROW_PASS_BACKENDS but not here needs --llm42-allow-unproven-backend.
+PROVEN_ROW_BACKENDS = {"cpu": "torch_native", "cuda": "triton"}
 ROW_PASS_BACKENDS = {"cpu": "torch_native", "cuda": "triton"}
 
 
