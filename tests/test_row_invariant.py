@@ -16,6 +16,8 @@ from conftest import CONTEXT, _start, wait_idle_and_healthy
 from helpers import PROMPTS, background_requests, concurrently, generate, llm42_stats
 from helpers import assert_same as assert_same_one
 
+from llm42.sglang import row_pass
+
 SAMPLINGS = [pytest.param({}, id="greedy"),
              pytest.param({"temperature": 0.8, "seed": 5, "sampling": {"top_p": 0.9}},
                           id="top_p-seeded")]
@@ -92,6 +94,7 @@ def test_outputs_depend_on_the_request_alone(row_server, row_server_apart, sampl
                 "W 16, B 1, solo prefills, no prefix cache, other chunks, normal loop, NGRAM")
     stats = llm42_stats(url)
     assert stats["rollbacks"] > 0 and stats["verifier"] == "row-invariant"
+    assert stats["row_pass_rows"] == row_pass.ROWS_PER_FORWARD["cpu"], stats
     wait_idle_and_healthy(row_server)
     wait_idle_and_healthy(row_server_apart)
 
@@ -145,6 +148,7 @@ def test_the_fixed_shape_verifier_is_the_control(llm42_server):
         other = _outputs(url, prompts, {})
     finally:
         _switch(url, 8, 4)
+    assert llm42_stats(url)["row_pass_rows"] is None  # fixed-shape passes
     assert [lps for _, lps in ref] != [lps for _, lps in other], (
         "the fixed-shape verifier gave W 8 / B 4 and W 16 / B 32 the same bits: the control "
         "does not diverge")

@@ -47,9 +47,10 @@ def test_triton_rows_get_a_fixed_split_in_row_passes_only(monkeypatch, in_row_pa
     assert splits.tolist() == ([8, 8, 8] if in_row_pass else [1, 2, 3])
 
 
-def _scheduler(device: str, decode: str):
+def _scheduler(device: str, decode: str, pool_rows: int = 256):
     args = SimpleNamespace(get_attention_backends=lambda: (decode, decode))
     return SimpleNamespace(device=device, server_args=args,
+                           req_to_token_pool=SimpleNamespace(size=pool_rows),
                            tp_worker=SimpleNamespace(model_runner=SimpleNamespace(model=_model())))
 
 
@@ -99,3 +100,24 @@ def test_a_pass_of_several_forwards_keeps_every_forwards_logits(monkeypatch):
         expected = rows[r].positions[j] * 1000 + rows[r].input_ids[j]
         assert torch.equal(logits, torch.full((vocab,), float(expected))), (r, j)
     assert launched.graphed
+
+
+def test_a_server_holding_fewer_requests_than_a_forwards_rows_is_refused():
+    """The attention backend sizes its batch buffers by the requests the server holds, so a
+    forward of more rows would fail at the first pass: refused at launch, naming the flag."""
+    config = Llm42Config(verifier="row-invariant")
+    rows = row_pass.rows_per_forward("cuda")
+    assert hooks_lifecycle._check_row_invariant(_scheduler("cuda", "triton", rows), config) is None
+    with pytest.raises(ValueError, match=f"pass --max-running-requests {rows} or more"):
+        hooks_lifecycle._check_row_invariant(_scheduler("cuda", "triton", rows - 1), config)
+
+
+def test_the_forward_size_can_be_overridden_for_experiments(monkeypatch):
+    assert row_pass.rows_per_forward("cuda") == row_pass.ROWS_PER_FORWARD["cuda"]
+    monkeypatch.setenv(row_pass.ROWS_ENV, "256")
+    assert row_pass.rows_per_forward("cuda") == 256
+    assert row_pass.rows_per_forward("mps") is None, "no row pass where none is defined"
+    for bad in ("0", "-4", "many"):
+        monkeypatch.setenv(row_pass.ROWS_ENV, bad)
+        with pytest.raises(ValueError, match="LLM42_ROW_PASS_ROWS must be an integer >= 1"):
+            row_pass.rows_per_forward("cuda")

@@ -48,10 +48,13 @@ def scheduler_init_hook(result, scheduler, *args, **kwargs):
         scheduler.server_args, allow_unproven=config.allow_unproven_backend)
     if not verdict.allowed:
         raise ValueError(f"llm42: {verdict.message}")
-    unproven = verdict.unproven_backend
+    unproven, rows = verdict.unproven_backend, None
     if config.verifier == ROW_INVARIANT:
+        import torch
+
         unproven = _check_row_invariant(scheduler, config) or unproven
-    runtime.install(scheduler, config, unproven_backend=unproven)
+        rows = row_pass.rows_per_forward(torch.device(scheduler.device).type)
+    runtime.install(scheduler, config, unproven_backend=unproven, row_pass_rows=rows)
 
 
 def _check_row_invariant(scheduler, config) -> str | None:
@@ -69,6 +72,13 @@ def _check_row_invariant(scheduler, config) -> str | None:
             f"llm42: --llm42-verifier row-invariant needs decode attention "
             f"{row_pass.ROW_PASS_BACKENDS.get(device, '(none on this device)')} on {device} "
             f"(got {decode}); serve with --llm42-verifier fixed-shape")
+    pool_rows = scheduler.req_to_token_pool.size
+    if pool_rows < rows:
+        raise ValueError(
+            f"llm42: --llm42-verifier row-invariant runs forwards of {rows} rows, but this "
+            f"server holds {pool_rows} requests (the attention backend sizes its batch buffers "
+            f"by that); pass --max-running-requests {rows} or more, or serve with "
+            "--llm42-verifier fixed-shape")
     unproven = None
     if row_pass.PROVEN_ROW_BACKENDS.get(device) != decode:
         unproven = f"row-invariant:{decode}"

@@ -23,6 +23,7 @@ instead of one extend row of W tokens, and a pass may take several forwards.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import TYPE_CHECKING
 
@@ -38,8 +39,12 @@ if TYPE_CHECKING:
 
 # Rows of every forward of a row-invariant pass, per device type: a shape at which the GEMMs'
 # rows are independent of each other (checked at startup, `check_linears`); on CUDA one of
-# SGLang's decode CUDA-graph sizes.
+# SGLang's decode CUDA-graph sizes. The count is part of what an output is a function of (the
+# GEMMs keep a row's bits at one M, not necessarily across M), like a kernel choice.
 ROWS_PER_FORWARD = {"cpu": 16, "cuda": 64}
+# Experiments only (GPU A/B of the forward size: fewer, larger forwards read the weights fewer
+# times per verified token, smaller ones pad less): another row count. It changes outputs.
+ROWS_ENV = "LLM42_ROW_PASS_ROWS"
 # Device type -> the decode attention backend whose row-invariant passes have a proof: CPU's
 # torch_native (tests/test_row_invariant.py), CUDA's triton with fixed KV splits inside row
 # passes (`static_kv_splits_hook`; H100: alone vs among 64 background requests, and W 16 B 32 vs
@@ -51,7 +56,13 @@ ROW_PASS_BACKENDS = {"cpu": "torch_native", "cuda": "triton"}
 
 def rows_per_forward(device_type: str) -> int | None:
     """None: the row-invariant verifier is not available on this device."""
-    return ROWS_PER_FORWARD.get(device_type)
+    rows = ROWS_PER_FORWARD.get(device_type)
+    override = os.environ.get(ROWS_ENV, "")
+    if rows is None or not override:
+        return rows
+    if not override.isdigit() or int(override) < 1:
+        raise ValueError(f"llm42: {ROWS_ENV} must be an integer >= 1, got {override!r}")
+    return int(override)
 
 
 def static_kv_splits_hook(original, backend, num_kv_splits, seq_lens):

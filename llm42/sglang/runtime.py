@@ -32,9 +32,11 @@ IN_VERIFY_PASS = False
 
 class Llm42Runtime:
     def __init__(self, scheduler: Scheduler, config: Llm42Config,
-                 unproven_backend: str | None = None):
+                 unproven_backend: str | None = None, row_pass_rows: int | None = None):
         self.scheduler = scheduler
         self.config = config
+        # Rows of each row-invariant pass forward on this device (None: fixed-shape passes).
+        self.row_pass_rows = row_pass_rows
         # An attention backend without a determinism proof, started with
         # --llm42-allow-unproven-backend (see backend_gate); None: every backend is proven.
         self.unproven_backend = unproven_backend
@@ -92,6 +94,7 @@ class Llm42Runtime:
             overlap_schedule=self.overlap,
             benchmark_mode_refusal=self.mode_refusal,
             unproven_backend=self.unproven_backend,
+            row_pass_rows=self.row_pass_rows,
             timeline=timeline_path(),
             rank_ledgers=[self.ledger_entry()],  # every TP rank's: `tp_share.gather_ledgers`
         )
@@ -115,9 +118,9 @@ def timeline_path() -> str | None:
 
 
 def install(scheduler: Scheduler, config: Llm42Config,
-            unproven_backend: str | None = None) -> Llm42Runtime:
+            unproven_backend: str | None = None, row_pass_rows: int | None = None) -> Llm42Runtime:
     global RUNTIME
-    RUNTIME = Llm42Runtime(scheduler, config, unproven_backend)
+    RUNTIME = Llm42Runtime(scheduler, config, unproven_backend, row_pass_rows)
     if unproven_backend is not None:
         logger.warning("llm42 runs on attention backend %s, which has no determinism proof "
                        "(--llm42-allow-unproven-backend): deterministic requests may depend on "
