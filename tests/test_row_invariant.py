@@ -34,11 +34,12 @@ def _row_args(window: int, batch: int, rate: float) -> list[str]:
 
 @pytest.fixture(scope="module")
 def row_server(tiny_model, tmp_path_factory):
-    """W = 8, B = 4, prefix cache, 32-token prefill chunks, overlap loop, at most ROW_BUDGET
-    rows verified per step (its step timeline recorded); W and B switchable."""
+    """W = 8, B = 4, the prefix cache (on by default under this verifier), 32-token prefill
+    chunks, overlap loop, at most ROW_BUDGET rows verified per step (its step timeline
+    recorded); W and B switchable."""
     timeline = tmp_path_factory.mktemp("row-invariant-timeline")
     server = _start(tiny_model, _row_args(8, 4, 0.3) + [
-        "--llm42-prefix-cache", "--chunked-prefill-size", "32", "--llm42-benchmark-modes",
+        "--chunked-prefill-size", "32", "--llm42-benchmark-modes",
         "--llm42-max-pass-rows-per-step", str(ROW_BUDGET), "--llm42-timeline-dir",
         str(timeline)], "row-invariant", tmp_path_factory)
     yield server
@@ -51,7 +52,7 @@ def row_server_apart(tiny_model, tmp_path_factory):
     in a batch of its own, then verified by prompt rows), 64-token chunks, SGLang's normal
     loop, and NGRAM speculative decoding on the fast path (candidates from speculative steps)."""
     server = _start(tiny_model, _row_args(16, 1, 0.5) + [
-        "--no-llm42-batched-prefill", "--chunked-prefill-size", "64",
+        "--no-llm42-batched-prefill", "--no-llm42-prefix-cache", "--chunked-prefill-size", "64",
         "--disable-overlap-schedule",
         "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4"],
         "row-invariant-apart", tmp_path_factory)
@@ -95,6 +96,8 @@ def test_outputs_depend_on_the_request_alone(row_server, row_server_apart, sampl
     stats = llm42_stats(url)
     assert stats["rollbacks"] > 0 and stats["verifier"] == "row-invariant"
     assert stats["row_pass_rows"] == row_pass.ROWS_PER_FORWARD["cpu"], stats
+    assert stats["prefix_cache"] is True, "on by default under the row-invariant verifier"
+    assert llm42_stats(row_server_apart.url)["prefix_cache"] is False
     wait_idle_and_healthy(row_server)
     wait_idle_and_healthy(row_server_apart)
 

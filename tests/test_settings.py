@@ -27,7 +27,7 @@ PUBLISHED_FLAGS = {
     "llm42_defer_verify_on_prefill": False,
     "llm42_overlap_verify": True,
     "llm42_batched_prefill": True,
-    "llm42_prefix_cache": False,
+    "llm42_prefix_cache": None,
     "llm42_solo_prefill_min_tokens": None,
     "llm42_timeline_dir": None,
     "llm42_benchmark_modes": False,
@@ -67,7 +67,8 @@ def _argv(values: dict) -> list[str]:
 
 def test_every_setting_but_the_seed_has_a_flag_with_the_fields_default():
     flagged = {f.name for f in setting_fields()}
-    assert {f.name for f in dataclasses.fields(Llm42Config)} - flagged == {"seed"}
+    # the seed is SGLang's --random-seed, radix_cache its --disable-radix-cache
+    assert {f.name for f in dataclasses.fields(Llm42Config)} - flagged == {"seed", "radix_cache"}
     assert set(OTHER_VALUES) == flagged, "OTHER_VALUES must cover every setting"
     for field in setting_fields():
         assert server_args.FLAG_DEFAULTS[server_args.dest(field.metadata["flag"])] == field.default

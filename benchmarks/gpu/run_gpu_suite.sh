@@ -10,10 +10,11 @@
 #   proof                      determinism proof, llama-3.2-1b shape with random-normal weights,
 #                              modes llm42 and control on one --enable-llm42 server
 #   proof-smollm2              the same proof on SmolLM2-135M-Instruct ($SMOLLM2_WEIGHTS)
-#   proof-row-invariant        the proof with --llm42-verifier row-invariant (triton, unproven:
-#                              with --llm42-allow-unproven-backend) at W 16 B 32, then on a
-#                              second server at W 64 B 4 whose every trial must also equal the
-#                              first server's outputs bitwise (--reference); features without lora
+#   proof-row-invariant        the proof with --llm42-verifier row-invariant (triton) at W 16
+#                              B 32, then on a second server at W 64 B 4 whose every trial must
+#                              also equal the first server's outputs bitwise (--reference);
+#                              features without lora; the prefix cache follows the radix cache
+#                              (off with the default COMMON_ARGS)
 #   proof-spec                 the proof on speculative servers (issue 37), SmolLM2
 #                              ($SMOLLM2_WEIGHTS; real: acceptance that means something), features
 #                              $PROOF_SPEC_FEATURES (SGLang serves LoRA only with NGRAM), one

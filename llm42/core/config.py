@@ -58,6 +58,8 @@ class Llm42Config:
         "cost of verification alone; output is NOT deterministic).")
     # SGLang's --random-seed; not echoed by the stats (not a setting of llm42's own).
     seed: int = _setting(0, None, "Seeds the mismatch injector.", echoed=False)
+    # SGLang's radix cache is on (no --disable-radix-cache): the prefix cache's default needs it.
+    radix_cache: bool = _setting(True, None, "SGLang's radix cache is on.", echoed=False)
     max_verify_wait: int | None = _setting(
         None, "--llm42-max-verify-wait",
         "Decode steps a full window may wait (decoding on) so that passes fill up with B rows "
@@ -104,13 +106,17 @@ class Llm42Config:
         "verify their prompt in fixed-shape passes (default); --no-llm42-batched-prefill gives "
         "each deterministic prefill a batch of its own. Requests asking for prompt logprobs are "
         "always prefilled alone.")
-    prefix_cache: bool = _setting(
-        False, "--llm42-prefix-cache",
+    prefix_cache: bool | None = _setting(
+        None, "--llm42-prefix-cache",
         "With batched prefill (the default): deterministic requests share verified prompt KV "
         "through SGLang's radix cache, in whole rows of W tokens (needs the radix cache on). "
         "Also moves the default of --llm42-solo-prefill-min-tokens from 1024 to 0 (every "
         "prompt is batched, so that long shared prefixes are reused): long prompts then take "
-        "prompt passes instead of a solo prefill, which changes their outputs.")
+        "prompt passes instead of a solo prefill, which changes their outputs under the "
+        "fixed-shape verifier. Default: on with --llm42-verifier row-invariant where the radix "
+        "cache is on (its verified prompt rows are the same bits whatever W, B or the prefill "
+        "path, so sharing them changes no output), off otherwise.",
+        echo_as="uses_prefix_cache")
     solo_prefill_min_tokens: int | None = _setting(
         None, "--llm42-solo-prefill-min-tokens",
         "With batched prefill: deterministic prompts of this many tokens or more prefill in a "
@@ -176,7 +182,7 @@ class Llm42Config:
             return 0
         if self.solo_prefill_min_tokens is None:
             # row-invariant: a prompt is verified by prompt rows either way, alone buys nothing
-            batched = self.prefix_cache or self.verifier == ROW_INVARIANT
+            batched = self.uses_prefix_cache or self.verifier == ROW_INVARIANT
             return None if batched else DEFAULT_SOLO_PREFILL_MIN_TOKENS
         return self.solo_prefill_min_tokens or None
 
@@ -203,6 +209,15 @@ class Llm42Config:
         if self.max_verify_wait is not None:
             return self.max_verify_wait
         return 0 if self.verifier == ROW_INVARIANT else self.window_size // 4
+
+    @property
+    def uses_prefix_cache(self) -> bool:
+        """Whether deterministic requests share verified prompt rows (`--llm42-prefix-cache`).
+        By default only under the row-invariant verifier, whose prompt rows do not depend on W,
+        B or the prefill path, and only where SGLang's radix cache is on."""
+        if self.prefix_cache is not None:
+            return self.prefix_cache
+        return self.verifier == ROW_INVARIANT and self.radix_cache
 
     @property
     def finish_wait_steps(self) -> int:
@@ -252,7 +267,7 @@ class Llm42Config:
                     "--llm42-solo-prefill-min-tokens chooses between solo and batched "
                     "prefill: drop --no-llm42-batched-prefill (which prefills every prompt alone)"
                 )
-        if self.prefix_cache and not self.batched_prefill and self.verifier != ROW_INVARIANT:
+        if self.uses_prefix_cache and not self.batched_prefill and self.verifier != ROW_INVARIANT:
             raise ValueError(
                 "--llm42-prefix-cache shares prompt KV written by prompt passes: drop "
                 "--no-llm42-batched-prefill"

@@ -107,7 +107,7 @@ def _choose_prompt_path(rt, req) -> None:
     num_tokens = len(req.origin_input_ids)
     of(req).prefill_alone = rt.config.prefills_alone(num_tokens, wants_prompt_logprobs)
     state.verify_prompt = rt.config.verifies_prompt(num_tokens, wants_prompt_logprobs)
-    if state.verify_prompt and rt.config.prefix_cache:
+    if state.verify_prompt and rt.config.uses_prefix_cache:
         # its prompt KV will be verified
         req.extra_key = prefix_cache.namespace(rt.config, of(req).sglang_extra_key)
 

@@ -42,7 +42,7 @@ def namespace(config: Llm42Config, extra_key: str | None = None) -> str:
 
 def uses_cache(req) -> bool:
     rt = runtime.RUNTIME
-    return (rt is not None and rt.config.prefix_cache
+    return (rt is not None and rt.config.uses_prefix_cache
             and (req.extra_key or "").startswith(namespace(rt.config)))
 
 

@@ -46,10 +46,11 @@ FLAG_DEFAULTS = {
 
 
 def _argparse_kwargs(field, annotation) -> dict:
-    """`store_true` for a bool off by default, `--x/--no-x` for one on, else a typed value."""
-    if annotation is bool:
-        if field.default:
-            return {"action": argparse.BooleanOptionalAction, "default": True}
+    """`store_true` for a bool off by default, `--x/--no-x` for one on or decided later (None),
+    else a typed value."""
+    if annotation is bool or set(typing.get_args(annotation)) == {bool, type(None)}:
+        if field.default or field.default is None:
+            return {"action": argparse.BooleanOptionalAction, "default": field.default}
         return {"action": "store_true"}
     value_type = next(t for t in typing.get_args(annotation) or (annotation,) if t is not None)
     return {"type": value_type, "default": field.default}
@@ -90,7 +91,8 @@ def from_cli_args_hook(original, cls, args: argparse.Namespace):
         _AUTO_SELECT.reset(token)
     if values["enable_llm42"]:
         try:
-            config_from_values(values, seed=server_args.random_seed).validate(
+            config_from_values(values, seed=server_args.random_seed,
+                               radix_cache=not server_args.disable_radix_cache).validate(
                 _context_length(server_args)
             )
         except ValueError as exc:
@@ -140,17 +142,18 @@ def _usable_gpu_backends(device: str | None, use_mla_backend: bool, model_config
     return ("triton",)
 
 
-def config_from_values(values: dict, seed: int | None) -> Llm42Config:
+def config_from_values(values: dict, seed: int | None, radix_cache: bool = True) -> Llm42Config:
     """The config of parsed flag values (attribute -> value, as `FLAG_DEFAULTS`)."""
     settings = {f.name: values[dest(f.metadata["flag"])] for f in setting_fields()}
-    return Llm42Config(seed=seed or 0, **settings)
+    return Llm42Config(seed=seed or 0, radix_cache=radix_cache, **settings)
 
 
 def config_from_server_args(server_args) -> Llm42Config | None:
     if not getattr(server_args, "enable_llm42", False):
         return None
     values = {k: getattr(server_args, k, v) for k, v in FLAG_DEFAULTS.items()}
-    return config_from_values(values, seed=server_args.random_seed)
+    return config_from_values(values, seed=server_args.random_seed,
+                              radix_cache=not getattr(server_args, "disable_radix_cache", False))
 
 
 def _context_length(server_args) -> int | None:
