@@ -260,22 +260,31 @@ def test_an_n_that_fails_the_check_keeps_the_recompute(hooked, one_gemm, monkeyp
     assert torch.equal(run()[[1, 4]], full[[1, 4]]) and checks == [6, 6]
 
 
+def _capture_decode_graph(hooked, one_gemm, monkeypatch, exact: bool) -> torch.Tensor:
+    """A decode graph of the hooked head's 6 rows on a GPU, its N checked (`exact`): SGLang's
+    warm-up forward, then the capture. From then on every forward runs the captured code, as
+    a replay would. Returns the warm-up's logits."""
+    _, hidden, lm_head = hooked
+    one_gemm[1][0] = exact
+    processor = _sglang_processor(lm_head.weight.shape[0])
+    capturing = [False]
+    monkeypatch.setattr(fp32_logits, "_capturing", lambda h: capturing[0])
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))  # a GPU's forward
+    warmup = fp32_logits.compute_lm_head_hook(_original, processor, hidden, lm_head)
+    capturing[0] = True
+    fp32_logits.compute_lm_head_hook(_original, processor, hidden, lm_head)  # the capture
+    return warmup
+
+
 def test_a_decode_graph_captured_with_one_gemm_reads_the_rows_mask(hooked, one_gemm,
                                                                    monkeypatch):
     """A decode graph: its N is checked in the warm-up forward before the capture; the capture
     records the one-GEMM layout, and every replay reads the mask `model_forward_hook` writes
     before it (emulated here by running the captured code again), with no recompute after."""
     forward, hidden, lm_head = hooked
-    checks, answer = one_gemm
-    answer[0] = True
-    processor = _sglang_processor(lm_head.weight.shape[0])
-    capturing = [False]
-    monkeypatch.setattr(fp32_logits, "_capturing", lambda h: capturing[0])
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))  # a GPU's forward
-    warmup = fp32_logits.compute_lm_head_hook(_original, processor, hidden, lm_head)
+    checks, _ = one_gemm
+    warmup = _capture_decode_graph(hooked, one_gemm, monkeypatch, exact=True)
     assert checks == [6] and warmup.dtype == torch.bfloat16  # a plain forward, checked
-    capturing[0] = True
-    fp32_logits.compute_lm_head_hook(_original, processor, hidden, lm_head)  # the capture
     assert fp32_logits._GRAPH_ONE_GEMM == {6: True}
     recomputes = []
     monkeypatch.setattr(fp32_logits, "recompute_rows", lambda *a: recomputes.append(a))
@@ -301,15 +310,7 @@ def test_a_pass_replaying_a_decode_graph_gets_fp32_for_every_row(hooked, one_gem
     from llm42.sglang import runtime
 
     forward, hidden, lm_head = hooked
-    checks, answer = one_gemm
-    answer[0] = exact
-    processor = _sglang_processor(lm_head.weight.shape[0])
-    capturing = [False]
-    monkeypatch.setattr(fp32_logits, "_capturing", lambda h: capturing[0])
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
-    fp32_logits.compute_lm_head_hook(_original, processor, hidden, lm_head)  # warm-up: checked
-    capturing[0] = True  # from here on every forward is the captured code (a replay)
-    fp32_logits.compute_lm_head_hook(_original, processor, hidden, lm_head)  # the capture
+    _capture_decode_graph(hooked, one_gemm, monkeypatch, exact)
     assert fp32_logits._GRAPH_ONE_GEMM == {6: exact}
 
     def replay(runner, batch):  # the captured code, with Python's state as it was at capture
