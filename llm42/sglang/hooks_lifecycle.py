@@ -150,16 +150,25 @@ def update_finish_state_hook(original, req, new_accepted_len: int = 1):
         kv_rollback.truncate_output(sched, req, state.num_output_tokens, None)
         return original(req, new_accepted_len)
     if state.is_finishing:
-        # Overlap loop: the batch launched before the finish was seen decoded one token past it.
-        kv_rollback.truncate_output(sched, req, state.num_output_tokens, sched.running_batch)
+        # Its finish is withheld while its last window waits for a pass (the overlap loop's
+        # batch in flight, or --llm42-max-finish-wait): what was decoded past it is dropped.
+        _drop_tail(sched, req, state.num_output_tokens)
         return
     original(req, new_accepted_len)
     past = speculation.past_stop(req)
     if past:  # a speculative step accepted tokens beyond the stop: never candidates
-        kv_rollback.truncate_output(sched, req, len(req.output_ids) - past, sched.running_batch)
+        _drop_tail(sched, req, len(req.output_ids) - past)
     _sync_new_tokens(state, req)
     if req.finished() and withhold_finish(state, (req.finished_reason, req.finished_len)):
         req.finished_reason, req.finished_len = None, None
+
+
+def _drop_tail(sched, req, new_len: int) -> None:
+    """Drop `req`'s output past `new_len`; a speculative step then starts again from the last
+    kept token (its draft tree would otherwise grow from a dropped one)."""
+    batch = sched.running_batch
+    if kv_rollback.truncate_output(sched, req, new_len, batch) and req.output_ids:
+        speculation.rewind(sched, batch, req, req.output_ids[-1])
 
 
 def _sync_new_tokens(state: DetRequestState, req) -> None:
