@@ -205,6 +205,8 @@ def test_a_lone_full_window_waits_for_a_mate_then_runs_when_its_wait_is_up(rt, r
 
 
 def test_a_full_pass_and_a_finish_run_at_once(rt, rounds):
+    """--llm42-max-finish-wait 0: a window a finish waits on is verified the step it is seen;
+    by default (the max verify wait, 2 steps here) it waits that long for a shared pass."""
     a, b = Req("a", [4] * 5, 1), Req("b", [4] * 5, 1)
     hooks_verify.verify_due(rt, rt.scheduler, _batch(a, b))
     assert rounds == [(["a", "b"], False)], "two rows fill B = 2: no reason to wait"
@@ -212,7 +214,16 @@ def test_a_full_pass_and_a_finish_run_at_once(rt, rounds):
     c.output_ids.append(EOS)
     c.update_finish_state()
     hooks_verify.verify_due(rt, rt.scheduler, _batch(a, b, c))
-    assert rounds[1] == (["c"], False), "a finish waits on it: urgent"
+    assert rounds[1:] == [], "the default finish wait: it waits for a shared pass"
+    rt.decode_step += 2
+    hooks_verify.verify_due(rt, rt.scheduler, _batch(a, b, c))
+    assert rounds[1] == (["c"], False), "waited the max verify wait: due"
+    d = Req("d", [4, 4], 1)
+    d.output_ids.append(EOS)
+    d.update_finish_state()
+    rt.config = replace(rt.config, max_finish_wait=0)
+    hooks_verify.verify_due(rt, rt.scheduler, _batch(a, b, d))
+    assert rounds[2] == (["d"], False), "a finish waits on it: urgent"
 
 
 def test_a_result_in_flight_is_processed_before_the_round(rt, rounds, monkeypatch):
@@ -250,7 +261,8 @@ def test_overlap_verify_runs_a_finishing_partial_window_while_the_result_is_in_f
         rt, rounds):
     """The in-flight step decoded one token past the withheld finish, which is dropped when its
     result is processed: the partial window's compared range is fixed, so its pass may go
-    first too (overlap-verify is the default)."""
+    first too (overlap-verify is the default). Finish wait 0: it is due the step it is seen."""
+    rt.config = replace(rt.config, max_finish_wait=0)
     rt.scheduler.enable_overlap = True
     rt.scheduler.result_queue = [(None, object())]
     req = Req("f", [4, 4], 1)
