@@ -55,7 +55,7 @@ def test_due_jobs_counts_waits_from_the_first_step_a_job_was_seen_ready():
 def test_a_finishing_window_waits_max_finish_wait_steps_unless_a_pass_has_room():
     """--llm42-max-finish-wait 3 (B = 2, max verify wait 6): a finishing partial window seen at
     step 10 is not urgent until step 13; a full window due meanwhile takes it into its pass (the
-    room is free); 0 verifies it at once, and by default it waits as long as a full window."""
+    room is free); 0 verifies it at once, and by default it waits W // 4 steps."""
     config = Llm42Config(window_size=8, verify_batch_size=2, max_verify_wait=6,
                          max_finish_wait=3)
     finishing = replace(make_state(8, 1, 4, finishing=True), rid="f")
@@ -69,11 +69,13 @@ def test_a_finishing_window_waits_max_finish_wait_steps_unless_a_pass_has_room()
     assert late.ready_since_step == 26, "it had waited no step"
     at_once = replace(make_state(8, 1, 4, finishing=True), rid="h")
     assert due_jobs([at_once], 0, replace(config, max_finish_wait=0)) == [0]
-    default = replace(config, max_finish_wait=None)
-    assert default.finish_wait_steps == 6 and Llm42Config().finish_wait_steps == 64 // 4
+    default = replace(config, max_finish_wait=None)  # W // 4 = 2, under the verify wait of 6
+    assert default.finish_wait_steps == 2 and Llm42Config().finish_wait_steps == 64 // 4
+    assert replace(default, max_verify_wait=1).finish_wait_steps == 1, "capped at the verify wait"
+    assert Llm42Config(verifier="row-invariant").finish_wait_steps == 0
     waiting = replace(make_state(8, 1, 4, finishing=True), rid="i")
-    assert due_jobs([waiting], 30, default) == [] and due_jobs([waiting], 35, default) == []
-    assert due_jobs([waiting], 36, default) == [0], "waited the max verify wait"
+    assert due_jobs([waiting], 30, default) == [] and due_jobs([waiting], 31, default) == []
+    assert due_jobs([waiting], 32, default) == [0], "waited W // 4 steps"
 
 
 def test_cap_jobs_holds_the_rest_of_a_step_back_for_the_next():

@@ -305,8 +305,8 @@ def test_benchmark_modes_switch_on_a_running_server(llm42_server):
 def test_a_finish_wait_changes_when_a_request_completes_not_what_it_returns(llm42_server):
     """--llm42-max-finish-wait (switched at runtime, with a longer max verify wait so that it
     can take effect): finishing windows wait for a shared pass, their finishes withheld, and
-    every output is bitwise the one verified at once (0); the default follows the max verify
-    wait; the server is healthy after."""
+    every output is bitwise the one verified at once (0); the default is W // 4 (capped at the
+    max verify wait); the server is healthy after."""
     url = llm42_server.url
     prompts = ["Count with me: one two three four", "The quick brown fox jumps over",
                "def add(a, b):"]

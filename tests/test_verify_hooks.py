@@ -206,7 +206,7 @@ def test_a_lone_full_window_waits_for_a_mate_then_runs_when_its_wait_is_up(rt, r
 
 def test_a_full_pass_and_a_finish_run_at_once(rt, rounds):
     """--llm42-max-finish-wait 0: a window a finish waits on is verified the step it is seen;
-    by default (the max verify wait, 2 steps here) it waits that long for a shared pass."""
+    by default (W // 4, 1 step here) it waits that long for a shared pass."""
     a, b = Req("a", [4] * 5, 1), Req("b", [4] * 5, 1)
     hooks_verify.verify_due(rt, rt.scheduler, _batch(a, b))
     assert rounds == [(["a", "b"], False)], "two rows fill B = 2: no reason to wait"
@@ -215,9 +215,9 @@ def test_a_full_pass_and_a_finish_run_at_once(rt, rounds):
     c.update_finish_state()
     hooks_verify.verify_due(rt, rt.scheduler, _batch(a, b, c))
     assert rounds[1:] == [], "the default finish wait: it waits for a shared pass"
-    rt.decode_step += 2
+    rt.decode_step += 1
     hooks_verify.verify_due(rt, rt.scheduler, _batch(a, b, c))
-    assert rounds[1] == (["c"], False), "waited the max verify wait: due"
+    assert rounds[1] == (["c"], False), "waited W // 4 steps: due"
     d = Req("d", [4, 4], 1)
     d.output_ids.append(EOS)
     d.update_finish_state()

@@ -71,9 +71,9 @@ class Llm42Config:
         "Decode steps a finishing request's last window may wait, its finish withheld, so that "
         "it shares a pass with other rows instead of forcing one of its own (each step decodes "
         "one token past the finish, which is dropped); past the max verify wait it is due "
-        "anyway. Default: the max verify wait (W / 4), as long as a full window waits; 0: "
-        "verified at once. Outputs unchanged; a deterministic request completes up to N steps "
-        "later.",
+        "anyway. Default: W / 4, capped at the max verify wait (0 with --llm42-verifier "
+        "row-invariant); 0: verified at once. Outputs unchanged; a deterministic request "
+        "completes up to N steps later.",
         echo_as="finish_wait_steps")
     max_passes_per_step: int = _setting(
         0, "--llm42-max-passes-per-step",
@@ -222,13 +222,14 @@ class Llm42Config:
     @property
     def finish_wait_steps(self) -> int:
         """Decode steps a finishing request's last window may wait for a pass shared with other
-        rows (see verify_round.due_jobs). By default as long as a full window may wait: at a
-        small deterministic share most passes are otherwise forced by finishing requests and run
-        mostly padded (H100, 8B shape, ShareGPT at 10 %: 181 passes at once, 116 with a wait
-        of 15 steps, 0.878x -> 0.907x plain SGLang in one call)."""
+        rows (see verify_round.due_jobs). By default W // 4: at a small deterministic share most
+        passes are otherwise forced by finishing requests and run mostly padded (H100, 8B shape,
+        ShareGPT at 10 %: 181 passes at once, 116 with a wait of 15 steps, 0.878x -> 0.907x
+        plain SGLang in one call). Capped at the max verify wait, past which a job is due
+        anyway, so a longer verify wait (the online preset's 48) does not delay finishes more."""
         if self.max_finish_wait is not None:
             return self.max_finish_wait
-        return self.verify_wait_steps
+        return min(self.window_size // 4, self.verify_wait_steps)
 
     def validate(self, context_length: int | None = None) -> None:
         """Raise ``ValueError`` saying which flag is wrong, what was found and what to pass."""

@@ -38,7 +38,7 @@ def due_jobs(states: Sequence[DetRequestState], step: int, config: Llm42Config,
 
     Each job's wait counts from the decode step it was first seen ready (`note_ready`, stamped
     here); a finishing job is urgent once it waited `Llm42Config.finish_wait_steps` steps (by
-    default as long as a full window may wait). `hold`: the step is about to prefill."""
+    default W // 4, capped at the max verify wait). `hold`: the step is about to prefill."""
     for state in states:
         state.note_ready(step)
     waits = [step - s.ready_since_step for s in states]
