@@ -59,15 +59,17 @@ def test_the_gate_refuses_a_row_invariant_launch_without_a_proof(monkeypatch):
     triton with its proof taken away) needs the override; a decode backend whose row passes
     cannot fix each row's KV split is refused even with it."""
     config = Llm42Config(verifier="row-invariant")
-    assert hooks_lifecycle._check_row_invariant(_scheduler("cpu", "torch_native"), config) is None
-    assert hooks_lifecycle._check_row_invariant(_scheduler("cuda", "triton"), config) is None
+    assert hooks_lifecycle._check_row_invariant(_scheduler("cpu", "torch_native"), config) == (
+        None, row_pass.ROWS_PER_FORWARD["cpu"])
+    assert hooks_lifecycle._check_row_invariant(_scheduler("cuda", "triton"), config) == (
+        None, row_pass.ROWS_PER_FORWARD["cuda"])
     monkeypatch.setattr(row_pass, "PROVEN_ROW_BACKENDS", {"cpu": "torch_native"})
     with pytest.raises(ValueError, match=r"no determinism proof on cuda triton yet \(proven: "
                                          r"cpu torch_native\)"):
         hooks_lifecycle._check_row_invariant(_scheduler("cuda", "triton"), config)
     override = Llm42Config(verifier="row-invariant", allow_unproven_backend=True)
-    assert hooks_lifecycle._check_row_invariant(
-        _scheduler("cuda", "triton"), override) == "row-invariant:triton"
+    assert hooks_lifecycle._check_row_invariant(_scheduler("cuda", "triton"), override) == (
+        "row-invariant:triton", row_pass.ROWS_PER_FORWARD["cuda"])
     with pytest.raises(ValueError, match="needs decode attention triton on cuda .got flashinfer"):
         hooks_lifecycle._check_row_invariant(_scheduler("cuda", "flashinfer"), override)
 
@@ -107,7 +109,8 @@ def test_a_server_holding_fewer_requests_than_a_forwards_rows_is_refused():
     forward of more rows would fail at the first pass: refused at launch, naming the flag."""
     config = Llm42Config(verifier="row-invariant")
     rows = row_pass.rows_per_forward("cuda")
-    assert hooks_lifecycle._check_row_invariant(_scheduler("cuda", "triton", rows), config) is None
+    assert hooks_lifecycle._check_row_invariant(
+        _scheduler("cuda", "triton", rows), config) == (None, rows)
     with pytest.raises(ValueError, match=f"pass --max-running-requests {rows} or more"):
         hooks_lifecycle._check_row_invariant(_scheduler("cuda", "triton", rows - 1), config)
 

@@ -223,8 +223,7 @@ def model_forward_hook(original, model_runner, forward_batch, *args, **kwargs):
     recompute the deterministic rows' logits in fp32 (see the module docstring)."""
     if enabled() and runtime.IN_VERIFY_PASS:
         return _pass_forward(original, model_runner, forward_batch, *args, **kwargs)
-    if (not enabled() or runtime.IN_VERIFY_PASS
-            or not _fast_path_forward(model_runner, forward_batch)
+    if (not enabled() or not _fast_path_forward(model_runner, forward_batch)
             or getattr(model_runner.server_args, "enable_dp_attention", False)):
         # DP attention gathers other ranks' rows into the LM head: its deterministic rows keep
         # bf16 on the fast path (more rollbacks, same outputs: passes stay fp32)

@@ -50,18 +50,16 @@ def scheduler_init_hook(result, scheduler, *args, **kwargs):
         raise ValueError(f"llm42: {verdict.message}")
     unproven, rows = verdict.unproven_backend, None
     if config.verifier == ROW_INVARIANT:
-        import torch
-
-        unproven = _check_row_invariant(scheduler, config) or unproven
-        rows = row_pass.rows_per_forward(torch.device(scheduler.device).type)
+        row_unproven, rows = _check_row_invariant(scheduler, config)
+        unproven = row_unproven or unproven
     runtime.install(scheduler, config, unproven_backend=unproven, row_pass_rows=rows)
 
 
-def _check_row_invariant(scheduler, config) -> str | None:
+def _check_row_invariant(scheduler, config) -> tuple[str | None, int]:
     """--llm42-verifier row-invariant only on a decode attention backend whose row passes fix
     each row's KV split, with a proof (or the override), and where its forwards' GEMMs keep each
     row's bits whatever the other rows (checked on the loaded weights, `row_pass.check_linears`).
-    Returns what is unproven about it (None: nothing)."""
+    Returns what is unproven about it (None: nothing) and the rows of its forwards."""
     import torch
 
     device = torch.device(scheduler.device).type
@@ -92,7 +90,7 @@ def _check_row_invariant(scheduler, config) -> str | None:
     if problems:
         raise ValueError("llm42: --llm42-verifier row-invariant refused, this device's GEMMs "
                          "are not row-invariant at the pass shape: " + "; ".join(problems))
-    return unproven
+    return unproven, rows
 
 
 def _proven_row_backends() -> str:
