@@ -33,6 +33,9 @@ SNAPSHOT_KEYS = {
     "drain_time_s",
     "row_capped_steps",
     "row_cap_deferred_jobs",
+    "inline_steps",
+    "inline_verified_tokens",
+    "inline_misses",
     "schedule_time_s",
     "batch_build_time_s",
     "steps_decode", "steps_prefill", "steps_det_prefill",
@@ -70,6 +73,10 @@ def test_stats_arithmetic() -> None:
     stats.observe_row_cap(3)  # a step that held three jobs back
     stats.observe_row_cap(0)  # a step within its budget
     stats.observe_row_cap(1)
+    stats.observe_inline_step()
+    stats.observe_inline_token(True)
+    stats.observe_inline_token(True)
+    stats.observe_inline_token(False)  # a miss: left to a pass
     stats.observe_step("decode", 0.125)
     stats.observe_step("decode", 0.25)
     stats.observe_step("det_prefill", 0.5)
@@ -101,6 +108,7 @@ def test_stats_arithmetic() -> None:
         "drain_time_s": 0.0625,
         "row_capped_steps": 2,
         "row_cap_deferred_jobs": 4,
+        "inline_steps": 1, "inline_verified_tokens": 2, "inline_misses": 1,
         "schedule_time_s": 1.5,
         "batch_build_time_s": 0.25,
         "steps_decode": 2, "steps_prefill": 0, "steps_det_prefill": 1,

@@ -97,7 +97,13 @@ def test_outputs_depend_on_the_request_alone(row_server, row_server_apart, sampl
     assert stats["rollbacks"] > 0 and stats["verifier"] == "row-invariant"
     assert stats["row_pass_rows"] == row_pass.ROWS_PER_FORWARD["cpu"], stats
     assert stats["prefix_cache"] is True, "on by default under the row-invariant verifier"
-    assert llm42_stats(row_server_apart.url)["prefix_cache"] is False
+    # row_server verified decode rows inline (steps of <= 16 rows), the NGRAM server by passes
+    # only: the same bits either way (the comparison above)
+    assert stats["inline_verify"] is True and stats["inline_verified_tokens"] > 0, stats
+    assert stats["inline_misses"] == 0, stats
+    apart = llm42_stats(row_server_apart.url)
+    assert apart["prefix_cache"] is False
+    assert apart["inline_verify"] is False and apart["inline_verified_tokens"] == 0, apart
     wait_idle_and_healthy(row_server)
     wait_idle_and_healthy(row_server_apart)
 

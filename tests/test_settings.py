@@ -33,6 +33,7 @@ PUBLISHED_FLAGS = {
     "llm42_benchmark_modes": False,
     "llm42_fp32_logits": True,
     "llm42_verifier": "fixed-shape",
+    "llm42_inline_verify": None,
     "llm42_allow_unproven_backend": False,
 }
 
@@ -43,7 +44,7 @@ OTHER_VALUES = {
     "max_pass_rows_per_step": 3,
     "defer_verify_on_prefill": True, "overlap_verify": False, "batched_prefill": False,
     "prefix_cache": True, "solo_prefill_min_tokens": 300, "benchmark_modes": True,
-    "fp32_logits": False, "verifier": "row-invariant",
+    "fp32_logits": False, "verifier": "row-invariant", "inline_verify": False,
     "allow_unproven_backend": True,
 }
 
@@ -108,3 +109,13 @@ def test_prefix_cache_says_it_moves_the_solo_prefill_threshold():
     assert Llm42Config().solo_prefill_threshold == 1024
     help_text = next(f.metadata["help"] for f in setting_fields() if f.name == "prefix_cache")
     assert "--llm42-solo-prefill-min-tokens from 1024 to 0" in help_text
+
+
+def test_inline_verify_follows_the_row_invariant_verifier():
+    """On by default with row-invariant (an inline row is the same forward as a pass row), off
+    with fixed-shape, where asking for it is refused naming both flags."""
+    assert Llm42Config(verifier="row-invariant").uses_inline_verify
+    assert not Llm42Config(verifier="row-invariant", inline_verify=False).uses_inline_verify
+    assert not Llm42Config().uses_inline_verify
+    with pytest.raises(ValueError, match="--llm42-inline-verify needs --llm42-verifier"):
+        Llm42Config(inline_verify=True).validate()

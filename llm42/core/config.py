@@ -142,6 +142,15 @@ class Llm42Config:
         "deterministic output depends on the request alone (not on W, B, the prefill path or "
         "the prefix cache), at the cost of one decode row per verified token. row-invariant: "
         "proven on CPU (torch_native) and CUDA (triton decode attention).")
+    inline_verify: bool | None = _setting(
+        None, "--llm42-inline-verify",
+        "With --llm42-verifier row-invariant: a decode step of at most the verifier's forward "
+        "rows that carries a deterministic row whose KV is verified runs as one row-invariant "
+        "forward of that row count, so that row's token is verified as it is made (no window, "
+        "no pass, no rollback, its finish not withheld); other steps decode as usual and their "
+        "windows are verified by passes. Outputs are the same either way. Default: on with "
+        "--llm42-verifier row-invariant, off otherwise (refused with fixed-shape).",
+        echo_as="uses_inline_verify")
     benchmark_modes: bool = _setting(
         False, "--llm42-benchmark-modes",
         "Benchmarking only: accept POST /llm42_benchmark_mode {\"skip_compare\": bool, "
@@ -220,6 +229,15 @@ class Llm42Config:
         return self.verifier == ROW_INVARIANT and self.radix_cache
 
     @property
+    def uses_inline_verify(self) -> bool:
+        """Whether decode steps verify deterministic rows as they are made
+        (`--llm42-inline-verify`): by default wherever the verifier is row-invariant, since an
+        inline row is the same forward as a pass row and changes no output."""
+        if self.inline_verify is not None:
+            return self.inline_verify
+        return self.verifier == ROW_INVARIANT
+
+    @property
     def finish_wait_steps(self) -> int:
         """Decode steps a finishing request's last window may wait for a pass shared with other
         rows (see verify_round.due_jobs). By default W // 4: at a small deterministic share most
@@ -278,6 +296,11 @@ class Llm42Config:
                              f"{self.verifier!r}")
         if self.max_pass_rows_per_step is not None:
             self._validate_row_cap()
+        if self.inline_verify and self.verifier != ROW_INVARIANT:
+            raise ValueError(
+                f"--llm42-inline-verify needs --llm42-verifier {ROW_INVARIANT}, got "
+                f"--llm42-verifier {self.verifier}: only a row-invariant row gives the bits of "
+                "its pass in a decode step")
         if not 0.0 <= self.inject_mismatch_rate <= 1.0:  # also rejects NaN
             raise ValueError(
                 f"--llm42-inject-mismatch-rate must be in [0, 1], got {self.inject_mismatch_rate}"

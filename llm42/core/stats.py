@@ -80,6 +80,12 @@ class Llm42Stats:
     # (a job held back over three steps counts three times).
     row_capped_steps: int = 0
     row_cap_deferred_jobs: int = 0
+    # --llm42-inline-verify: decode steps run as one row-invariant forward, the tokens they
+    # verified as they were made, and the inline tokens the verifier's sampling disagreed with
+    # (left to a pass; on one server's forward this should never happen).
+    inline_steps: int = 0
+    inline_verified_tokens: int = 0
+    inline_misses: int = 0
     # Time inside the scheduler's next-batch step, between the iterations the step profile
     # counts: verification passes, the results drained for them, SGLang building the batch.
     schedule_time_s: float = 0.0
@@ -141,6 +147,13 @@ class Llm42Stats:
         self.row_capped_steps += int(num_deferred_jobs > 0)
         self.row_cap_deferred_jobs += num_deferred_jobs
 
+    def observe_inline_step(self) -> None:
+        self.inline_steps += 1
+
+    def observe_inline_token(self, verified: bool) -> None:
+        self.inline_verified_tokens += int(verified)
+        self.inline_misses += int(not verified)
+
     def observe_step(self, kind: str, seconds: float) -> None:
         self.steps[kind] += 1
         self.step_time_s[kind] += seconds
@@ -171,6 +184,9 @@ class Llm42Stats:
             "drain_time_s": self.drain_time_s,
             "row_capped_steps": self.row_capped_steps,
             "row_cap_deferred_jobs": self.row_cap_deferred_jobs,
+            "inline_steps": self.inline_steps,
+            "inline_verified_tokens": self.inline_verified_tokens,
+            "inline_misses": self.inline_misses,
             "schedule_time_s": self.schedule_time_s,
             "batch_build_time_s": self.batch_build_time_s,
             **{f"steps_{k}": v for k, v in self.steps.items()},

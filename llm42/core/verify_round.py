@@ -33,18 +33,20 @@ from llm42.core.window import DetRequestState
 
 
 def due_jobs(states: Sequence[DetRequestState], step: int, config: Llm42Config,
-             hold: bool = False) -> list[int]:
+             hold: bool = False, urgent: Sequence[bool] | None = None) -> list[int]:
     """Indices of the ready `states` to verify now (`planner.select_jobs`), most pressing first.
 
     Each job's wait counts from the decode step it was first seen ready (`note_ready`, stamped
     here); a finishing job is urgent once it waited `Llm42Config.finish_wait_steps` steps (by
-    default W // 4, capped at the max verify wait). `hold`: the step is about to prefill."""
+    default W // 4, capped at the max verify wait). `hold`: the step is about to prefill.
+    `urgent[i]`: state i's job is due now whatever it waited (an inline-verify catch-up)."""
     for state in states:
         state.note_ready(step)
     waits = [step - s.ready_since_step for s in states]
+    urgent = urgent or [False] * len(states)
     return select_jobs([num_job_rows(s) for s in states], waits,
-                       [s.is_finishing and w >= config.finish_wait_steps
-                        for s, w in zip(states, waits)],
+                       [(s.is_finishing and w >= config.finish_wait_steps) or u
+                        for s, w, u in zip(states, waits, urgent)],
                        config.verify_batch_size, config.verify_wait_steps,
                        config.max_passes_per_step, hold)
 

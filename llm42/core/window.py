@@ -216,6 +216,21 @@ class DetRequestState:
         self._check_invariants()
         return released
 
+    def verify_on_arrival(self) -> object | None:
+        """The one candidate, the last output token, was verified as it was made (an inline
+        decode step, `--llm42-inline-verify`): it is committed without a pass. Returns the
+        deferred finish it releases, if any (as ``apply`` does)."""
+        if self.num_candidate_tokens != 1 or self.is_prompt_pending:
+            raise InvariantError(
+                f"{self.rid}: verify_on_arrival() needs exactly one candidate after the prompt, "
+                f"found verified={self.num_verified_tokens}, output={self.num_output_tokens}"
+            )
+        self.num_verified_tokens = self.num_output_tokens
+        self.ready_since_step = None
+        released, self.deferred_finish = self.deferred_finish, None
+        self._check_invariants()
+        return released
+
     def rollback_unverified(self) -> int:
         """Drop all candidates [u, n) (abort); return how many were dropped.
 

@@ -9,6 +9,7 @@ from llm42.core.verify_round import withhold_finish
 from llm42.core.window import DetRequestState
 from llm42.sglang import (
     backend_gate,
+    inline_verify,
     kv_rollback,
     prefill_faults,
     row_pass,
@@ -157,6 +158,7 @@ def update_finish_state_hook(original, req, new_accepted_len: int = 1):
     if past:  # a speculative step accepted tokens beyond the stop: never candidates
         _drop_tail(sched, req, len(req.output_ids) - past)
     _sync_new_tokens(state, req)
+    inline_verify.on_token(runtime.RUNTIME, req, state)  # an inline step's token: verified now
     if req.finished() and withhold_finish(state, (req.finished_reason, req.finished_len)):
         req.finished_reason, req.finished_len = None, None
 
@@ -198,5 +200,6 @@ def reset_for_retract_hook(result, req, *args, **kwargs):
     if fields.published is None or len(sent) > len(fields.published):
         fields.published = sent
     state.restart()  # drops the deferred finish and the readiness stamp too
+    inline_verify.forget(req)
     kv_rollback.truncate_output(runtime.RUNTIME.scheduler, req, 0, None)
     runtime.RUNTIME.stats.observe_restart()

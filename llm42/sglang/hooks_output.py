@@ -3,7 +3,7 @@ all (no fast-path logprob either) while none is verified."""
 
 from __future__ import annotations
 
-from llm42.sglang import kv_rollback
+from llm42.sglang import inline_verify, kv_rollback
 from llm42.sglang.request_state import det_state, of
 
 
@@ -34,6 +34,8 @@ def stream_accept_hook(original, accumulator, *, req):
     was just retracted from (its output restarts from the prompt). A request aborted before
     anything was verified finishes with no output and no logprobs."""
     state = det_state(req)
+    if state is not None:
+        inline_verify.write_logprobs(req)  # tokens verified on arrival: the verifier's logprobs
     if state is not None and state.num_verified_tokens == 0:
         if not req.finished():
             return None

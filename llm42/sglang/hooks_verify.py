@@ -13,15 +13,23 @@ from __future__ import annotations
 import time
 
 from llm42.core.verify_round import cap_jobs, due_jobs, range_is_fixed
-from llm42.sglang import in_flight, runtime, verify_passes
+from llm42.sglang import in_flight, inline_verify, runtime, verify_passes
 from llm42.sglang.request_state import det_state, of
 
 
 def decode_result_hook(original, processor, batch, result):
-    """AROUND process_batch_result_decode: count decode steps (how long full windows wait)."""
+    """AROUND process_batch_result_decode: the verifier's tokens of an inline step's rows
+    (`inline_verify`) before SGLang appends the step's tokens; count decode steps (how long full
+    windows wait)."""
+    rt = runtime.RUNTIME
+    step = getattr(getattr(result, "logits_output", None), "llm42_inline", None)
+    if rt is not None and step is not None:
+        if result.copy_done is not None:
+            result.copy_done.synchronize()  # the step's logits are on the forward stream
+        inline_verify.sample_step(rt, step)
     original(processor, batch, result)
-    if runtime.RUNTIME is not None:
-        runtime.RUNTIME.decode_step += 1
+    if rt is not None:
+        rt.decode_step += 1
 
 
 def next_batch_hook(original, scheduler, running_batch, last_batch):
@@ -50,6 +58,7 @@ def next_batch_hook(original, scheduler, running_batch, last_batch):
     batch = plan.batch_to_run
     kind = _step_kind(batch)
     if rt is not None:
+        inline_verify.plan_step(rt, batch)
         rt.step_started, rt.step_kind = time.perf_counter(), kind
         rt.stats.observe_schedule(rt.step_started - now, rt.step_started - build_started)
     if timeline is not None:
@@ -93,10 +102,17 @@ def verify_due(rt, scheduler, batch) -> None:
     touched, drained = [], False
     capped = cfg.max_passes_per_step or cfg.max_pass_rows_per_step is not None
     while not (touched and capped):  # under a pass or row cap: one round per step
-        ready = [r for r in batch.reqs
-                 if (st := det_state(r)) is not None and not r.finished() and st.is_ready]
+        num_running = len(batch.reqs)
+        ready, urgent = [], []
+        for r in batch.reqs:
+            if (st := det_state(r)) is None or r.finished():
+                continue
+            catch_up = inline_verify.catching_up(rt, r, st, num_running)
+            if st.is_ready or catch_up:
+                ready.append(r)
+                urgent.append(catch_up)
         states = [det_state(r) for r in ready]
-        chosen, deferred = cap_jobs(states, due_jobs(states, rt.decode_step, cfg, hold),
+        chosen, deferred = cap_jobs(states, due_jobs(states, rt.decode_step, cfg, hold, urgent),
                                     rt.decode_step, cfg)
         if not chosen:
             break

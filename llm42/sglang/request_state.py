@@ -39,6 +39,15 @@ class Llm42Req:
     # Deterministic: prefills in a batch of its own (`hooks_prefill`); whether prompt rows then
     # verify its prompt is `det.verify_prompt`.
     prefill_alone: bool = False
+    # Deterministic, --llm42-inline-verify: KV positions [0, exact_kv) hold the verifier's bits
+    # (None: unknown). Set by pass decisions and by inline decode steps (`inline_verify`).
+    exact_kv: int | None = None
+    # Deterministic, --llm42-inline-verify: (output index, token, logprob, top values, top ids)
+    # the verifier sampled from the inline step in flight's logits, until its token arrives.
+    inline_result: tuple | None = None
+    # Deterministic, --llm42-inline-verify: output index -> (logprob, top values, top ids) of
+    # tokens verified on arrival, written over the fast path's before they are streamed.
+    inline_logprobs: dict | None = None
 
 
 def of(req) -> Llm42Req | None:

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 # rows are independent of each other (checked at startup, `check_linears`); on CUDA one of
 # SGLang's decode CUDA-graph sizes. The count is part of what an output is a function of (the
 # GEMMs keep a row's bits at one M, not necessarily across M), like a kernel choice.
-ROWS_PER_FORWARD = {"cpu": 16, "cuda": 64}
+ROWS_PER_FORWARD = {"cpu": 16, "cuda": 256}
 # Experiments only (GPU A/B of the forward size: fewer, larger forwards read the weights fewer
 # times per verified token, smaller ones pad less): another row count. It changes outputs.
 ROWS_ENV = "LLM42_ROW_PASS_ROWS"
@@ -114,21 +114,34 @@ def launch_row_pass(
 
 
 def _forward(scheduler, decode_batch, chunk: list, rows: int, device) -> tuple[torch.Tensor, bool]:
-    """One decode forward of `rows` rows: the chunk's entries, then padding rows (SGLang's
-    padding slot: request row 0, slot 0, as the fixed-shape pass pads)."""
-    req_to_token = scheduler.req_to_token_pool.req_to_token
-    pool_idx = [req.req_pool_idx for req, _, _ in chunk] + [0] * (rows - len(chunk))
-    positions = [pos for _, pos, _ in chunk] + [0] * (rows - len(chunk))
+    """One decode forward of `rows` rows: the chunk's entries (request, position, token), then
+    padding rows."""
     tokens = [0 if t == PAD_TOKEN_ID else t for _, _, t in chunk] + [0] * (rows - len(chunk))
+    return forward_rows(scheduler, decode_batch, [req for req, _, _ in chunk],
+                        [pos for _, pos, _ in chunk], rows,
+                        verifier.to_device(tokens, torch.int64, device))
+
+
+def forward_rows(scheduler, decode_batch, reqs: list, positions: list[int], rows: int,
+                 input_ids: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """The row-invariant forward: row i is `reqs[i]`'s token `input_ids[i]` at `positions[i]`,
+    its KV written to that position's slot; rows past `reqs` are padding (SGLang's padding slot:
+    request row 0, slot 0, as the fixed-shape pass pads). A pass's entries and an inline decode
+    step (`inline_verify`) both run here, so a row's bits are the same in either. Returns the
+    [rows, vocab] logits and whether a CUDA graph replayed."""
+    device = input_ids.device
+    req_to_token = scheduler.req_to_token_pool.req_to_token
+    pool_idx = [req.req_pool_idx for req in reqs] + [0] * (rows - len(reqs))
+    positions = list(positions) + [0] * (rows - len(reqs))
     pool = verifier.to_device(pool_idx, torch.int64, device)
     pos = verifier.to_device(positions, torch.int64, device)
     locs = req_to_token[pool, pos].to(torch.int64)
-    if len(chunk) < rows:
-        locs[len(chunk):] = 0
+    if len(reqs) < rows:
+        locs[len(reqs):] = 0
     seq_lens = [p + 1 for p in positions]
-    batch = verifier.pass_batch(decode_batch, [req for req, _, _ in chunk], rows)
+    batch = verifier.pass_batch(decode_batch, list(reqs), rows)
     batch.forward_mode = _decode_mode()
-    batch.input_ids = verifier.to_device(tokens, torch.int64, device)
+    batch.input_ids = input_ids
     batch.req_pool_indices = pool
     batch.seq_lens = verifier.to_device(seq_lens, torch.int64, device)
     batch.seq_lens_cpu = torch.tensor(seq_lens, dtype=torch.int64)

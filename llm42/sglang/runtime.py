@@ -37,6 +37,12 @@ class Llm42Runtime:
         self.config = config
         # Rows of each row-invariant pass forward on this device (None: fixed-shape passes).
         self.row_pass_rows = row_pass_rows
+        # --llm42-inline-verify in effect (`inline_verify`): not with speculative steps (their
+        # verify forwards are not decode rows) nor DP attention (rows gathered across ranks).
+        server_args = getattr(scheduler, "server_args", None)
+        self.inline_verify = (config.uses_inline_verify and row_pass_rows is not None
+                              and getattr(server_args, "speculative_algorithm", None) is None
+                              and not getattr(server_args, "enable_dp_attention", False))
         # An attention backend without a determinism proof, started with
         # --llm42-allow-unproven-backend (see backend_gate); None: every backend is proven.
         self.unproven_backend = unproven_backend
@@ -95,6 +101,7 @@ class Llm42Runtime:
             benchmark_mode_refusal=self.mode_refusal,
             unproven_backend=self.unproven_backend,
             row_pass_rows=self.row_pass_rows,
+            inline_verify=self.inline_verify,  # in effect (the flag, less what this server lacks)
             timeline=timeline_path(),
             rank_ledgers=[self.ledger_entry()],  # every TP rank's: `tp_share.gather_ledgers`
         )

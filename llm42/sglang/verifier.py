@@ -191,8 +191,8 @@ def _sample_rows(scheduler, vpass: VerifyPass, reqs, entries, logits):
     lps = out.next_token_logprobs.tolist()
     top_v, top_i = out.next_token_top_logprobs_val, out.next_token_top_logprobs_idx
     per_entry = {
-        key: (ids[k], lps[k], _tolist(top_v[k]) if top_v else None,
-              _tolist(top_i[k]) if top_i else None)
+        key: (ids[k], lps[k], tolist(top_v[k]) if top_v else None,
+              tolist(top_i[k]) if top_i else None)
         for k, key in enumerate(entries)
     }
 
@@ -211,6 +211,25 @@ def _sample_rows(scheduler, vpass: VerifyPass, reqs, entries, logits):
             )
         )
     return results
+
+
+def sample_with_logprobs(scheduler, reqs, logits, positions: list[int], top_nums: list[int]):
+    """Deterministic rows' verifier tokens (a list) and the Sampler's output with their logprobs:
+    row i of `logits` [n, V] belongs to `reqs[i]`, its input token at `positions[i]`. Penalties,
+    grammar and logit_bias must already be applied (`verify_logits.apply`)."""
+    positions = to_device(positions, torch.int64, logits.device)
+    ids, out = _sample(scheduler, reqs, logits, positions, top_nums)
+    return ids.tolist(), out
+
+
+def put_entry(values: list, i: int, value) -> None:
+    """Entry i of a request's per-token logprob list: overwritten, or appended as the next."""
+    if i < len(values):
+        values[i] = value
+    elif i == len(values):
+        values.append(value)
+    else:
+        raise IndexError(f"logprob list has {len(values)} entries, writing index {i}")
 
 
 def sample_tokens(reqs, logits, positions) -> torch.Tensor:
@@ -262,7 +281,7 @@ def seed_of(sampling_params) -> int:
     return DEFAULT_SEED if seed is None else int(seed)
 
 
-def _tolist(x):
+def tolist(x):
     return x.tolist() if hasattr(x, "tolist") else x
 
 

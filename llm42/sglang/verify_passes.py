@@ -13,6 +13,7 @@ from llm42.core.stats import sampling_kind
 from llm42.core.verify_round import PassPlan, decide_job, job_rows, plan_round, settle
 from llm42.sglang import (
     in_flight,
+    inline_verify,
     kv_rollback,
     prefix_cache,
     rank_faults,
@@ -124,6 +125,7 @@ def apply_result(rt, sched, batch, req, res: verifier.RowResult) -> None:
     if req.return_logprob:
         _write_verified_logprobs(req, res, u, decision.new_num_verified, start)
     settled = settle(state, decision)
+    inline_verify.after_decision(rt, req, state)
     tp_share.observe_decision(rt, req, u, decision)
     if settled.was_prompt and prefix_cache.uses_cache(req):
         prefix_cache.publish_prompt(sched, req)
@@ -146,17 +148,8 @@ def _write_verified_logprobs(req, res, u: int, new_verified: int, window_start: 
     lp = req.logprob
     for i in range(u, new_verified):
         j = i - window_start - 1
-        _put(lp.output_token_logprobs_val, i, res.logprobs[j])
-        _put(lp.output_token_logprobs_idx, i, req.output_ids[i])
+        verifier.put_entry(lp.output_token_logprobs_val, i, res.logprobs[j])
+        verifier.put_entry(lp.output_token_logprobs_idx, i, req.output_ids[i])
         if lp.top_logprobs_num > 0:
-            _put(lp.output_top_logprobs_val, i, res.top_logprobs_val[j])
-            _put(lp.output_top_logprobs_idx, i, res.top_logprobs_idx[j])
-
-
-def _put(values: list, i: int, value) -> None:
-    if i < len(values):
-        values[i] = value
-    elif i == len(values):
-        values.append(value)
-    else:
-        raise IndexError(f"logprob list has {len(values)} entries, writing index {i}")
+            verifier.put_entry(lp.output_top_logprobs_val, i, res.top_logprobs_val[j])
+            verifier.put_entry(lp.output_top_logprobs_idx, i, res.top_logprobs_idx[j])

@@ -1,0 +1,227 @@
+"""`--llm42-inline-verify`: a decode step that verifies its deterministic rows as it makes them.
+
+Under the row-invariant verifier a pass entry is one decode row in a forward of R rows
+(`row_pass`): its bits depend only on its request's token, position and KV. A decode step of
+N <= R rows run as that same forward (the step's rows, then padding to R) computes, for a
+deterministic row whose KV positions [0, p) already hold the verifier's bits, exactly the entry a
+pass would compute for it later. So its logits are the verifier's logits for the token it
+samples, and its KV at p is the verifier's KV: the token is verified on arrival, with no window
+wait, no pass and no rollback, and the next step can do the same. Per step:
+
+    launch   (`plan_step`, after SGLang built the decode batch)  row i eligible when N <= R and
+             the request's exact KV reaches its position p (`Llm42Req.exact_kv` == p)
+    forward  (`take_launch` / `run_forward`, for ModelRunner.forward)  the batch as one R-row
+             row pass; the eligible rows' logits copied out; the first N rows go to the sampler
+    result   (`sample_step`, before SGLang processes the step)  the verifier's sampling of those
+             logits (penalties, grammar, seeds, as for a pass entry)
+    arrival  (`on_token`, in Req.update_finish_state)  the fast path's token equals the
+             verifier's: committed (`DetRequestState.verify_on_arrival`), its finish not
+             withheld; else it stays a candidate for a pass (`inline_misses`)
+
+Exact KV starts where a pass decision leaves it (`after_decision`: the verified prefix) and
+grows by one per eligible step; any other step at position p cuts it to p. A request whose
+candidates block its chain (a step of more than R rows, a miss, a prompt pass run after its
+first decode step was launched) is verified at the next round as a partial window
+(`catching_up`), after which its next step is eligible again. Outputs do not change: the same
+forward of the same rows computes every verified token either way (tests/test_row_invariant.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from llm42.sglang import fp32_logits, row_pass, runtime, verifier, verify_logits
+from llm42.sglang.request_state import det_state, of
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class InlineStep:
+    """One decode step launched as a row-invariant forward."""
+
+    batch: ScheduleBatch  # the decode batch (the forward's template, as a pass's)
+    reqs: list  # its requests at launch, in row order
+    positions: list[int]  # the input token's position of each row
+    eligible: list[tuple[int, object, int]]  # (row, request, output index its logits predict)
+    logits: torch.Tensor | None = None  # [len(eligible), vocab] fp32, copied at the forward
+
+
+_LAUNCH: InlineStep | None = None  # planned for the decode forward about to run
+
+
+def active(rt) -> bool:
+    return bool(getattr(rt, "inline_verify", False))
+
+
+def plan_step(rt, batch) -> None:
+    """After SGLang built `batch`: plan it as an inline step if it is a decode batch of at most
+    R rows with an eligible deterministic row, and move each deterministic row's exact KV."""
+    global _LAUNCH
+    if _LAUNCH is not None:  # planned but never run: its claims do not hold
+        _abandon(_LAUNCH)
+    if not active(rt) or batch is None or not batch.reqs or not batch.forward_mode.is_decode():
+        return
+    inline = len(batch.reqs) <= rt.row_pass_rows
+    positions = [int(s) - 1 for s in batch.seq_lens_cpu.tolist()]
+    eligible = []
+    for i, (req, p) in enumerate(zip(batch.reqs, positions)):
+        fields = of(req)
+        if fields is None or fields.det is None or fields.exact_kv is None:
+            continue
+        exact = min(fields.exact_kv, p)  # KV from p on is written by this step
+        if inline and exact == p:
+            eligible.append((i, req, p + 1 - len(req.origin_input_ids)))
+            exact = p + 1
+        fields.exact_kv = exact
+    if eligible:
+        _LAUNCH = InlineStep(batch, list(batch.reqs), positions, eligible)
+
+
+def _abandon(step: InlineStep) -> None:
+    global _LAUNCH
+    _LAUNCH = None
+    logger.warning("llm42: an inline decode step was planned but ran otherwise; its "
+                   "requests are verified by passes")
+    for _, req, _ in step.eligible:
+        fields = of(req)
+        if fields is not None:
+            fields.exact_kv = None
+
+
+def model_forward_hook(original, model_runner, forward_batch, *args, **kwargs):
+    """AROUND ModelRunner.forward: a decode step planned inline runs as a row pass (its inner
+    forward comes back here in pass mode); every forward then takes the fp32 logits hook."""
+    step = take_launch(forward_batch)
+    if step is not None:
+        return run_forward(step, forward_batch)
+    return fp32_logits.model_forward_hook(original, model_runner, forward_batch, *args, **kwargs)
+
+
+def take_launch(forward_batch) -> InlineStep | None:
+    """The inline step planned for this forward (None: a normal forward)."""
+    global _LAUNCH
+    step = _LAUNCH
+    if step is None or runtime.IN_VERIFY_PASS:
+        return None
+    if not forward_batch.forward_mode.is_decode() or forward_batch.batch_size != len(step.reqs):
+        _abandon(step)
+        return None
+    _LAUNCH = None
+    return step
+
+
+def run_forward(step: InlineStep, forward_batch):
+    """The step's forward as one row pass of R rows (`row_pass.forward_rows`, the very forward
+    a pass runs); the first N rows' logits for SGLang's sampler, the eligible rows' kept."""
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+    from sglang.srt.model_executor.model_runner import ModelRunnerOutput
+
+    rt = runtime.RUNTIME
+    rows, n = rt.row_pass_rows, len(step.reqs)
+    ids = forward_batch.input_ids
+    input_ids = torch.cat([ids, torch.zeros(rows - n, dtype=ids.dtype, device=ids.device)])
+    logits, graphed = row_pass.forward_rows(
+        rt.scheduler, step.batch, step.reqs, step.positions, rows, input_ids)
+    index = verifier.to_device([i for i, _, _ in step.eligible], torch.int64, logits.device)
+    # copied before SGLang's sampler scales the rows in place and the next replay overwrites them
+    step.logits = logits.index_select(0, index).float()
+    out = LogitsProcessorOutput(next_token_logits=logits[:n])
+    out.llm42_inline = step
+    rt.stats.observe_inline_step()
+    return ModelRunnerOutput(logits_output=out, can_run_graph=graphed)
+
+
+def sample_step(rt, step: InlineStep) -> None:
+    """Before SGLang processes the step: the verifier's token for each eligible row whose
+    request still waits for exactly that token (`Llm42Req.inline_result`)."""
+    keep = []
+    for j, (_, req, k) in enumerate(step.eligible):
+        state = det_state(req)
+        if (state is not None and not req.finished() and len(req.output_ids) == k
+                and state.num_verified_tokens == k):
+            keep.append((j, req, k))
+    if not keep:
+        return
+    logits = step.logits
+    if len(keep) < len(step.eligible):
+        logits = logits.index_select(
+            0, verifier.to_device([j for j, _, _ in keep], torch.int64, logits.device))
+    reqs = [req for _, req, _ in keep]
+    verify_logits.apply(logits, reqs, [k for _, _, k in keep])
+    positions = [step.positions[step.eligible[j][0]] for j, _, _ in keep]
+    top_nums = [req.logprob.top_logprobs_num if req.return_logprob else 0 for req in reqs]
+    ids, out = verifier.sample_with_logprobs(rt.scheduler, reqs, logits, positions, top_nums)
+    lps = out.next_token_logprobs.tolist()
+    top_v, top_i = out.next_token_top_logprobs_val, out.next_token_top_logprobs_idx
+    for m, (_, req, k) in enumerate(keep):
+        of(req).inline_result = (k, ids[m], lps[m], verifier.tolist(top_v[m]) if top_v else None,
+                                 verifier.tolist(top_i[m]) if top_i else None)
+
+
+def on_token(rt, req, state) -> None:
+    """In Req.update_finish_state, the step's token just appended: verified on arrival when it
+    is the verifier's token for that index."""
+    fields = of(req)
+    result = fields.inline_result
+    if result is None:
+        return
+    fields.inline_result = None
+    k, token, logprob, top_v, top_i = result
+    if state.num_verified_tokens != k or len(req.output_ids) != k + 1:
+        return
+    verified = req.output_ids[k] == token
+    rt.stats.observe_inline_token(verified)
+    if not verified:
+        return
+    state.verify_on_arrival()  # no finish can be deferred: it had no candidate before
+    if req.return_logprob:
+        if fields.inline_logprobs is None:
+            fields.inline_logprobs = {}
+        fields.inline_logprobs[k] = (logprob, top_v, top_i)
+
+
+def write_logprobs(req) -> None:
+    """Before a request's output is streamed: its inline-verified tokens carry the verifier's
+    logprobs, written over the fast path's (SGLang appended those after `on_token`)."""
+    fields = of(req)
+    pending = fields.inline_logprobs if fields is not None else None
+    if not pending:
+        return
+    fields.inline_logprobs = None
+    lp = req.logprob
+    for k, (logprob, top_v, top_i) in sorted(pending.items()):
+        verifier.put_entry(lp.output_token_logprobs_val, k, logprob)
+        verifier.put_entry(lp.output_token_logprobs_idx, k, req.output_ids[k])
+        if lp.top_logprobs_num > 0:
+            verifier.put_entry(lp.output_top_logprobs_val, k, top_v)
+            verifier.put_entry(lp.output_top_logprobs_idx, k, top_i)
+
+
+def after_decision(rt, req, state) -> None:
+    """A pass decided `req`'s job: its KV holds the verifier's bits up to its last verified
+    token, the next step's input (a prompt verified by prompt rows, or by a solo prefill's
+    own computation only when prompt rows verified it)."""
+    if active(rt) and state.verify_prompt:
+        of(req).exact_kv = len(req.origin_input_ids) + state.num_verified_tokens - 1
+
+
+def catching_up(rt, req, state, num_running: int) -> bool:
+    """Verify `req`'s candidates now, partial window or not: afterwards its next step (the batch
+    fits R rows) verifies its rows inline again."""
+    return (active(rt) and num_running <= rt.row_pass_rows and state.verify_prompt
+            and not state.is_prompt_pending and state.num_candidate_tokens > 0)
+
+
+def forget(req) -> None:
+    """A restart from the prompt: nothing of its KV is known exact any more."""
+    fields = of(req)
+    if fields is not None:
+        fields.exact_kv = fields.inline_result = fields.inline_logprobs = None
