@@ -39,8 +39,10 @@ if TYPE_CHECKING:
 
 # Rows of every forward of a row-invariant pass, per device type: a shape at which the GEMMs'
 # rows are independent of each other (checked at startup, `check_linears`); on CUDA one of
-# SGLang's decode CUDA-graph sizes. The count is part of what an output is a function of (the
-# GEMMs keep a row's bits at one M, not necessarily across M), like a kernel choice.
+# SGLang's decode CUDA-graph sizes, and as large as the decode batches the benchmarks run, so
+# that every such decode step can verify its deterministic rows inline (`inline_verify`; 64
+# before). The count is part of what an output is a function of (the GEMMs keep a row's bits at
+# one M, not necessarily across M), like a kernel choice.
 ROWS_PER_FORWARD = {"cpu": 16, "cuda": 256}
 # Experiments only (GPU A/B of the forward size: fewer, larger forwards read the weights fewer
 # times per verified token, smaller ones pad less): another row count. It changes outputs.
