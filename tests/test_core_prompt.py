@@ -11,6 +11,7 @@ from llm42.core import (
     build_prompt_rows,
     build_row,
     decide,
+    num_job_rows,
     plan_passes,
 )
 
@@ -107,3 +108,58 @@ def test_cached_prompt_rows_are_skipped_and_checked():
         DetRequestState(rid="r", window_size=4, num_prompt_tokens=10).use_cached_prompt(4)
     state.restart()
     assert state.num_cached_prompt_tokens == 0  # matched afresh by the next prefill
+
+
+def next_state(window_size: int) -> DetRequestState:
+    """A prompt pass that also verifies o_1 (`prompt_verifies_next`, inline verification)."""
+    state = DetRequestState(rid="r", window_size=window_size, num_prompt_tokens=len(PROMPT),
+                            verify_prompt=True, prompt_verifies_next=True)
+    state.on_first_token()
+    return state
+
+
+@pytest.mark.parametrize(("window", "rows"), [
+    (4, [((15, 16, 100, PAD_TOKEN_ID), 8, 3, 1)]),  # o_0 joins the last prompt row
+    (5, [((12, 13, 14, 15, 16), 5, 5, 4), ((100,) + (PAD_TOKEN_ID,) * 4, 10, 1, 0)]),  # its own
+])
+def test_a_prompt_pass_that_verifies_next_replays_o0_at_position_p(window, rows):
+    """The entry after the prompt's last is o_0 at position P: the prompt's last entry predicts
+    o_0, o_0's predicts o_1, and every job row is counted for the pass budget."""
+    state = next_state(window)
+    output = [100]
+    assert state.is_ready and (state.compare_end, state.num_real_entries) == (1, 1)
+    got = build_prompt_rows(state, PROMPT, output)
+    tail = [(r.input_ids, r.prefix_len, r.num_real, r.sample_from) for r in got[-len(rows):]]
+    assert tail == rows
+    assert num_job_rows(state) == len(got) == -(-(len(PROMPT) + 1) // window)
+    sampled = [r.positions[j] for r in got for j in range(r.sample_from, r.num_real)]
+    assert sampled == [len(PROMPT) - 1, len(PROMPT)]  # predicting o_0, then o_1
+    with pytest.raises(InvariantError, match="output tokens"):
+        build_prompt_rows(state, PROMPT, [])
+
+
+@pytest.mark.parametrize(("verifier", "verified", "output", "corrected"), [
+    ([100, 101], 2, 2, None),  # both accepted: o_2 can be verified inline
+    ([100, 555], 2, 2, 555),  # o_1 replaced, o_2 dropped
+    ([555, 101], 1, 1, 555),  # o_0 replaced, o_1 and o_2 dropped
+])
+def test_a_prompt_decision_that_verifies_next_compares_o0_and_o1(verifier, verified, output,
+                                                                 corrected):
+    state = next_state(4)
+    state.append_candidates(2)
+    decision = decide(state, [100, 101, 102], verifier)
+    assert decision.num_compared == 2 and decision.corrected_token_id == corrected
+    state.apply(decision)
+    assert (state.num_verified_tokens, state.num_output_tokens) == (verified, output + (
+        1 if corrected is None else 0))
+
+
+def test_a_prompt_decision_that_verifies_next_without_o1_verifies_o0():
+    """o_1 not decoded yet (SGLang's normal loop): the decision compares o_0 alone."""
+    state = next_state(4)
+    decision = decide(state, [100], [100, 101])
+    assert decision.num_compared == 1 and not decision.is_rollback
+    state.apply(decision)
+    assert (state.num_verified_tokens, state.is_prompt_pending) == (1, False)
+    with pytest.raises(InvariantError, match="only a verified prompt"):
+        DetRequestState(rid="r", window_size=4, num_prompt_tokens=3, prompt_verifies_next=True)

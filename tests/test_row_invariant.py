@@ -146,6 +146,23 @@ def test_a_row_budget_holds_jobs_back_and_changes_no_output(row_server, row_serv
     assert any(r["rows"] == ROW_BUDGET for r in steps), "the budget was never used in full"
 
 
+def test_a_request_alone_takes_one_pass_and_the_rest_is_verified_inline(row_server):
+    """Overlap loop: o_1's decode step is launched before the prompt pass, so it cannot be
+    inline. The prompt pass replays o_0 at position P and verifies o_1 with the prompt
+    (`prompt_verifies_next`); every later token is verified by its own decode step. One pass per
+    request, not a prompt pass and a catch-up pass."""
+    url = row_server.url
+    wait_idle_and_healthy(row_server)
+    before = llm42_stats(url)
+    ids, _, meta = generate(url, PROMPTS[5] + " Once more.", max_new_tokens=16, ignore_eos=True)
+    after = llm42_stats(url)
+    assert len(ids) == 16 and meta["llm42_verify_passes"] == 1, meta
+    inline = after["inline_verified_tokens"] - before["inline_verified_tokens"]
+    assert inline >= len(ids) - 2, (inline, meta)  # o_0 and o_1 by the prompt pass (or o_0 alone)
+    assert after["inline_misses"] == before["inline_misses"]
+    wait_idle_and_healthy(row_server)
+
+
 def test_the_fixed_shape_verifier_is_the_control(llm42_server):
     """The same requests on the fixed-shape verifier: logprobs change with W and B (what the
     row-invariant verifier removes), so the checks above can fail."""

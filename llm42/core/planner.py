@@ -95,14 +95,17 @@ def build_row(state: DetRequestState, output_ids: Sequence[int]) -> VerifyRow:
     )
 
 
-def build_prompt_rows(state: DetRequestState, prompt_ids: Sequence[int]) -> list[VerifyRow]:
+def build_prompt_rows(state: DetRequestState, prompt_ids: Sequence[int],
+                      output_ids: Sequence[int] = ()) -> list[VerifyRow]:
     """Rows replaying a fast-path prefill: W prompt tokens each, row j over prefix KV [0, jW).
 
     Row j reads the KV that rows before it write in the same pass (every layer writes its KV
     before attending) or in an earlier pass, so the prompt's KV and o_0, predicted by the last
-    real entry, depend on the prompt alone, whatever the fast-path prefill batch looked like.
+    prompt entry, depend on the prompt alone, whatever the fast-path prefill batch looked like.
     Rows of ``num_cached_prompt_tokens`` are skipped: earlier prompt passes of another request
-    with the same leading rows wrote that KV, bit for bit what these rows would write."""
+    with the same leading rows wrote that KV, bit for bit what these rows would write. With
+    ``prompt_verifies_next`` one more entry follows the prompt's: o_0 at position P, predicting
+    o_1 (in the last row, or in a row of its own when P is a multiple of W)."""
     num_prompt, window = state.num_prompt_tokens, state.window_size
     if not state.is_prompt_pending or state.num_output_tokens == 0:
         raise InvariantError(f"{state.rid}: no prompt pass pending")
@@ -110,17 +113,25 @@ def build_prompt_rows(state: DetRequestState, prompt_ids: Sequence[int]) -> list
         raise InvariantError(
             f"{state.rid}: state has {num_prompt} prompt tokens, list has {len(prompt_ids)}"
         )
+    tokens = list(prompt_ids)
+    if state.prompt_verifies_next:
+        if len(output_ids) != state.num_output_tokens:
+            raise InvariantError(
+                f"{state.rid}: state has {state.num_output_tokens} output tokens, "
+                f"list has {len(output_ids)}"
+            )
+        tokens.append(output_ids[0])
     rows = []
-    for start in range(state.num_cached_prompt_tokens, num_prompt, window):
-        real = tuple(prompt_ids[start : start + window])
-        is_last = start + window >= num_prompt
+    for start in range(state.num_cached_prompt_tokens, len(tokens), window):
+        real = tuple(tokens[start : start + window])
+        last_prompt = num_prompt - 1 - start  # entry of the prompt's last token in this row
         rows.append(VerifyRow(
             rid=f"{state.rid}/prompt{start // window}",
             input_ids=real + (PAD_TOKEN_ID,) * (window - len(real)),
             positions=tuple(range(start, start + window)),
             prefix_len=start,
             num_real=len(real),
-            sample_from=len(real) - 1 if is_last else len(real),
+            sample_from=min(max(last_prompt, 0), len(real)),
             is_prompt=True,
         ))
     return rows
@@ -128,10 +139,10 @@ def build_prompt_rows(state: DetRequestState, prompt_ids: Sequence[int]) -> list
 
 def num_job_rows(state: DetRequestState) -> int:
     """Rows of the request's next verification job: a window is one row, a pending prompt
-    ceil((P - cached) / W) (``build_prompt_rows``), kept together in ``select_jobs``."""
+    ceil((P - cached [+ 1]) / W) (``build_prompt_rows``), kept together in ``select_jobs``."""
     if state.is_prompt_pending:
         uncached = state.num_prompt_tokens - state.num_cached_prompt_tokens
-        return -(-uncached // state.window_size)
+        return -(-(uncached + state.prompt_verifies_next) // state.window_size)
     return 1
 
 

@@ -68,11 +68,12 @@ def cap_jobs(states: Sequence[DetRequestState], chosen: Sequence[int], step: int
 
 
 def range_is_fixed(state: DetRequestState) -> bool:
-    """The job compares the same candidates whatever a decode step in flight appends: a full
-    window (its end is fixed), a prompt (o_0 only), or a finishing request's partial window: the
+    """The job's rows are the same whatever a decode step in flight appends: a full window (its
+    end is fixed), a prompt (its rows need o_0 only; with `prompt_verifies_next` they also
+    predict o_1, compared if that step brought it), or a finishing request's partial window: the
     step in flight decoded one token past the withheld finish, and the adapter drops that token
     instead of appending it (`update_finish_state_hook`). Only such jobs may run before that
-    step's result is processed; every ready job is one of them."""
+    step's result is processed (decisions wait for it); every ready job is one of them."""
     return (state.is_prompt_pending or state.num_output_tokens >= state.window_end
             or state.is_finishing)
 
@@ -81,7 +82,7 @@ def job_rows(state: DetRequestState, prompt_ids: Sequence[int],
              output_ids: Sequence[int]) -> list[VerifyRow]:
     """The rows of a job: the prompt's rows while the prompt pass is pending, else its window."""
     if state.is_prompt_pending:
-        return build_prompt_rows(state, prompt_ids)
+        return build_prompt_rows(state, prompt_ids, output_ids)
     return [build_row(state, output_ids)]
 
 
@@ -98,7 +99,8 @@ class PassPlan:
 def plan_round(jobs: Sequence[Sequence[VerifyRow]], batch_size: int,
                window_size: int) -> list[PassPlan]:
     """The rows of `jobs`, in order, in passes of B x W; a job is decided by its last row (one
-    row for a window, ceil(P / W) rows for a prompt, possibly spread over several passes)."""
+    row for a window, ceil(P / W) rows for a prompt, possibly spread over several passes), from
+    the verifier tokens of all its rows in order (`RowResult` entries from `sample_from` on)."""
     owners = [j for j, rows in enumerate(jobs) for _ in rows]
     decides = [i == len(rows) - 1 for rows in jobs for i in range(len(rows))]
     plans, start = [], 0

@@ -24,6 +24,8 @@ Prompt verification (``verify_prompt``): the prompt was prefilled on the fast pa
 other requests, so its KV and o_0 are candidates too. Until the prompt pass has run (u == 0), the
 "window" is the prompt itself: ceil(P / W) rows of W prompt tokens (``planner.build_prompt_rows``)
 whose last real entry predicts o_0; it behaves as window k = -1 with candidates [0, 1).
+With ``prompt_verifies_next`` (inline verification) the prompt's rows end with one decode entry,
+o_0 at position P, so the same pass also verifies o_1 when it exists: candidates [0, 2).
 """
 
 from __future__ import annotations
@@ -68,6 +70,10 @@ class DetRequestState:
     # Leading prompt tokens whose KV came from the prefix cache, written there by earlier prompt
     # passes (a multiple of W, below P): the prompt pass starts after them.
     num_cached_prompt_tokens: int = 0
+    # The prompt pass also replays o_0 at position P and compares o_1 (``verify_prompt`` only).
+    # Under inline verification a request's first decode step is launched before its prompt pass
+    # (overlap loop), so o_1 would otherwise take a pass of its own before its chain can start.
+    prompt_verifies_next: bool = False
 
     def __post_init__(self) -> None:
         self._check_invariants()
@@ -107,7 +113,7 @@ class DetRequestState:
     def window_end(self) -> int:
         """e = (k + 1)W + 1: exclusive end of window k's candidates, as an output index."""
         if self.is_prompt_pending:
-            return 1
+            return 2 if self.prompt_verifies_next else 1
         return self.window_start + self.window_size + 1
 
     @property
@@ -122,10 +128,11 @@ class DetRequestState:
 
     @property
     def is_ready(self) -> bool:
-        """Window full (n >= e), or finishing with at least one candidate (n > u)."""
+        """Window full (n >= e), a prompt with o_0 (whether or not o_1 exists yet), or finishing
+        with at least one candidate (n > u)."""
         if self.num_output_tokens == 0:
             return False
-        if self.num_output_tokens >= self.window_end:
+        if self.is_prompt_pending or self.num_output_tokens >= self.window_end:
             return True
         return self.is_finishing and self.num_candidate_tokens > 0
 
@@ -291,6 +298,8 @@ class DetRequestState:
             raise InvariantError(
                 f"{self.rid}: o_0 is verified as soon as it exists, found verified={u}, output={n}"
             )
+        if self.prompt_verifies_next and not self.verify_prompt:
+            raise InvariantError(f"{self.rid}: only a verified prompt can verify o_1 with it")
         if self.deferred_finish is not None and u == n:
             raise InvariantError(f"{self.rid}: a deferred finish waits on candidates, found none")
         counters = (self.num_verify_passes, self.num_rollbacks, self.num_tokens_rolled_back,

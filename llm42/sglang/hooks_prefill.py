@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import torch
 
-from llm42.sglang import prefix_cache, runtime
+from llm42.sglang import inline_verify, prefix_cache, runtime
 from llm42.sglang.request_state import det_state, of
 
 
@@ -107,6 +107,8 @@ def _choose_prompt_path(rt, req) -> None:
     num_tokens = len(req.origin_input_ids)
     of(req).prefill_alone = rt.config.prefills_alone(num_tokens, wants_prompt_logprobs)
     state.verify_prompt = rt.config.verifies_prompt(num_tokens, wants_prompt_logprobs)
+    # inline verification: the prompt pass verifies o_1 too, so the next step can run inline
+    state.prompt_verifies_next = state.verify_prompt and inline_verify.active(rt)
     if state.verify_prompt and rt.config.uses_prefix_cache:
         # its prompt KV will be verified
         req.extra_key = prefix_cache.namespace(rt.config, of(req).sglang_extra_key)

@@ -47,6 +47,18 @@ class RowResult:
     top_logprobs_val: list | None
     top_logprobs_idx: list | None
 
+    def join(self, later: RowResult) -> RowResult:
+        """This row's entries, then those of the job's next row (a prompt's rows, the last of
+        which may also predict o_1)."""
+        return RowResult(*(_concat(a, b) for a, b in (
+            (self.token_ids, later.token_ids), (self.logprobs, later.logprobs),
+            (self.top_logprobs_val, later.top_logprobs_val),
+            (self.top_logprobs_idx, later.top_logprobs_idx))))
+
+
+def _concat(a: list | None, b: list | None) -> list | None:
+    return None if a is None and b is None else (a or []) + (b or [])
+
 
 @dataclass
 class LaunchedPass:

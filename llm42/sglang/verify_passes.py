@@ -41,7 +41,7 @@ def run_round(rt, scheduler, batch, reqs: list, overlap: bool = False) -> None:
         if state.is_prompt_pending:
             rt.stats.observe_cached_prompt(state.num_cached_prompt_tokens)
         jobs.append(job_rows(state, req.origin_input_ids, req.output_ids))
-    launched = []
+    launched, partial = [], {}
     if overlap:
         _after_step_in_flight(scheduler)
     for plan in plan_round(jobs, cfg.verify_batch_size, cfg.window_size):
@@ -50,14 +50,14 @@ def run_round(rt, scheduler, batch, reqs: list, overlap: bool = False) -> None:
                   else verifier.launch_pass)
         launched.append((plan, launch(scheduler, batch, plan.vpass, row_reqs)))
         if not overlap:  # one pass at a time
-            _sample_and_decide(rt, scheduler, batch, reqs, *launched.pop())
+            _sample_and_decide(rt, scheduler, batch, reqs, partial, *launched.pop())
     if overlap:
         in_flight.drain(scheduler)
         rt.stats.observe_overlapped_passes(len(launched))
         if runtime.TIMELINE is not None:
             runtime.TIMELINE.observe_overlap(len(launched))
         for item in launched:
-            _sample_and_decide(rt, scheduler, batch, reqs, *item)
+            _sample_and_decide(rt, scheduler, batch, reqs, partial, *item)
 
 
 def _after_step_in_flight(scheduler) -> None:
@@ -69,9 +69,10 @@ def _after_step_in_flight(scheduler) -> None:
         torch.cuda.current_stream().wait_stream(forward_stream)
 
 
-def _sample_and_decide(rt, scheduler, batch, reqs: list, plan: PassPlan,
+def _sample_and_decide(rt, scheduler, batch, reqs: list, partial: dict, plan: PassPlan,
                        launched: verifier.LaunchedPass) -> None:
-    """Sample a launched pass (waiting for it), count it, and decide the jobs it completes."""
+    """Sample a launched pass (waiting for it), count it, and decide the jobs it completes.
+    `partial`: the verifier tokens of jobs whose rows began in an earlier pass of the round."""
     vpass = launched.vpass
     results, seconds, graphed = launched.finish(scheduler)
     observe_pass_path(rt, graphed)
@@ -84,8 +85,13 @@ def _sample_and_decide(rt, scheduler, batch, reqs: list, plan: PassPlan,
     if runtime.TIMELINE is not None:
         runtime.TIMELINE.observe_pass(vpass.num_real_rows, vpass.num_prompt_rows, seconds)
     for owner, decides, res in zip(plan.owners, plan.decides, results):
+        if owner in partial:
+            res = partial.pop(owner).join(res)
+        if not decides:
+            partial[owner] = res
+            continue
         req = reqs[owner]
-        if decides and not req.finished():  # aborted while an overlapped pass ran: KV freed
+        if not req.finished():  # aborted while an overlapped pass ran: KV freed
             apply_result(rt, scheduler, batch, req, res)
 
 
