@@ -203,12 +203,13 @@ def pass_batch_size(args, window: int) -> int:
 _PLAIN_MODE = {"skip_compare": False, "inject_mismatch_rate": 0.0}
 # What POST /llm42_benchmark_mode can switch: configs differing only in these share a server.
 _SWITCHABLE = ("llm42", "llm42-skip-compare", "llm42-inject")
-# --llm42-args flags the endpoint switches too (pass scheduling: when a row is verified, never
-# what it returns), flag -> (mode field, whether the flag takes a value).
-_SCHEDULING_FLAGS = {"--llm42-max-verify-wait": ("max_verify_wait", True),
-                     "--llm42-overlap-verify": ("overlap_verify", False),
-                     "--no-llm42-overlap-verify": ("overlap_verify", False),
-                     "--llm42-max-finish-wait": ("max_finish_wait", True)}
+# --llm42-args flags the endpoint switches too (pass scheduling: when and by which forward a row
+# is verified, never what it returns), flag -> (mode field, its value's type; None: a switch).
+_SCHEDULING_FLAGS = {"--llm42-max-verify-wait": ("max_verify_wait", int),
+                     "--llm42-overlap-verify": ("overlap_verify", None),
+                     "--no-llm42-overlap-verify": ("overlap_verify", None),
+                     "--llm42-max-finish-wait": ("max_finish_wait", int),
+                     "--llm42-inline-pad-ratio": ("inline_pad_ratio", float)}
 
 
 def scheduling_mode(llm42_args: str | None) -> tuple[str, dict]:
@@ -223,11 +224,11 @@ def scheduling_mode(llm42_args: str | None) -> tuple[str, dict]:
     while i < len(tokens):
         flag, _, value = tokens[i].partition("=")
         if flag in _SCHEDULING_FLAGS:
-            name, takes_value = _SCHEDULING_FLAGS[flag]
-            if takes_value and not value:
+            name, kind = _SCHEDULING_FLAGS[flag]
+            if kind and not value:
                 i += 1
                 value = tokens[i] if i < len(tokens) else ""
-            mode[name] = int(value) if takes_value else not flag.startswith("--no-")
+            mode[name] = kind(value) if kind else not flag.startswith("--no-")
         else:
             rest.append(tokens[i])
         i += 1

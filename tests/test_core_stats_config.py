@@ -36,6 +36,7 @@ SNAPSHOT_KEYS = {
     "inline_steps",
     "inline_verified_tokens",
     "inline_misses",
+    "inline_declined_steps",
     "schedule_time_s",
     "batch_build_time_s",
     "steps_decode", "steps_prefill", "steps_det_prefill",
@@ -77,6 +78,7 @@ def test_stats_arithmetic() -> None:
     stats.observe_inline_token(True)
     stats.observe_inline_token(True)
     stats.observe_inline_token(False)  # a miss: left to a pass
+    stats.observe_inline_declined()
     stats.observe_step("decode", 0.125)
     stats.observe_step("decode", 0.25)
     stats.observe_step("det_prefill", 0.5)
@@ -109,6 +111,7 @@ def test_stats_arithmetic() -> None:
         "row_capped_steps": 2,
         "row_cap_deferred_jobs": 4,
         "inline_steps": 1, "inline_verified_tokens": 2, "inline_misses": 1,
+        "inline_declined_steps": 1,
         "schedule_time_s": 1.5,
         "batch_build_time_s": 0.25,
         "steps_decode": 2, "steps_prefill": 0, "steps_det_prefill": 1,
@@ -159,6 +162,8 @@ CONFIG_ERRORS = [
     ({"max_finish_wait": -1}, None, "--llm42-max-finish-wait must be in [0, window size)"),
     ({"solo_prefill_min_tokens": -1}, None, "--llm42-solo-prefill-min-tokens must be >= 0"),
     ({"max_passes_per_step": -1}, None, "--llm42-max-passes-per-step must be >= 0"),
+    ({"inline_pad_ratio": -1.0}, None, "--llm42-inline-pad-ratio must be a number >= 0"),
+    ({"inline_pad_ratio": math.inf}, None, "--llm42-inline-pad-ratio must be a number >= 0"),
     ({"verifier": "row-invariant", "max_pass_rows_per_step": 0}, None,  # an empty budget
      "--llm42-max-pass-rows-per-step must be >= 1 (leave it out for no cap), got 0"),
     ({"max_pass_rows_per_step": 4}, None,  # a fixed-shape pass costs B x W rows: refused...
@@ -258,6 +263,7 @@ def test_which_deterministic_prefills_run_alone(kwargs, threshold) -> None:
      {"max_verify_wait": 48, "overlap_verify": False}),
     ({"max_finish_wait": 8}, {"max_finish_wait": 8}),
     ({"max_finish_wait": None}, {"max_finish_wait": None}),  # back to the default
+    ({"inline_pad_ratio": 0}, {"inline_pad_ratio": 0.0}),  # inline for full steps only
 ])
 def test_benchmark_mode_parses(body, mode) -> None:
     from llm42.core.config import parse_benchmark_mode
@@ -270,6 +276,8 @@ def test_benchmark_mode_parses(body, mode) -> None:
     ({"inject_mismatch_rate": -0.1}, "inject_mismatch_rate must be a number in [0, 1]"),
     ({"inject_mismatch_rate": float("nan")}, "inject_mismatch_rate must be"),
     ({"inject_mismatch_rate": "0.5"}, "inject_mismatch_rate must be"),
+    ({"inline_pad_ratio": -1}, "inline_pad_ratio must be a number >= 0"),
+    ({"inline_pad_ratio": True}, "inline_pad_ratio must be a number >= 0"),
     ({"window_size": 0}, "window_size must be an integer >= 1, got 0"),  # empty window
     ({"window_size": -16}, "window_size must be an integer >= 1, got -16"),
     ({"window_size": 16.0}, "window_size must be an integer >= 1, got 16.0"),  # a float

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from llm42.core.stats import Llm42Stats
 from llm42.core.window import DetRequestState
 from llm42.sglang import inline_verify
 from llm42.sglang.request_state import attach
@@ -17,7 +18,8 @@ ROWS = 4  # R: rows of a row-invariant forward
 
 
 def _req(exact_kv, det=True):
-    req = SimpleNamespace(origin_input_ids=[1] * PROMPT, output_ids=[], rid="r")
+    req = SimpleNamespace(origin_input_ids=[1] * PROMPT, output_ids=[], rid="r",
+                          finished=lambda: False)
     fields = attach(req, DetRequestState("r", 8, PROMPT, verify_prompt=True) if det else None)
     fields.exact_kv = exact_kv
     return req
@@ -28,10 +30,16 @@ def _batch(reqs, positions, mode="decode"):
                            forward_mode=SimpleNamespace(is_decode=lambda: mode == "decode"))
 
 
+def _rt(pad_ratio: float):
+    return SimpleNamespace(inline_verify=True, row_pass_rows=ROWS, stats=Llm42Stats(),
+                           config=SimpleNamespace(inline_pad_ratio=pad_ratio))
+
+
 @pytest.fixture
 def rt():
+    """Every step of at most R rows is worth inline here (padding R - 1 per row at most)."""
     inline_verify._LAUNCH = None
-    yield SimpleNamespace(inline_verify=True, row_pass_rows=ROWS)
+    yield _rt(ROWS)
     inline_verify._LAUNCH = None
 
 
@@ -75,7 +83,37 @@ def test_a_planned_step_that_never_ran_forgets_its_claims(rt, caplog):
 
 def test_off_without_the_flag_or_outside_decode(rt):
     req = _req(3)
-    inline_verify.plan_step(SimpleNamespace(inline_verify=False, row_pass_rows=ROWS),
-                            _batch([req], [3]))
+    off = _rt(ROWS)
+    off.inline_verify = False
+    inline_verify.plan_step(off, _batch([req], [3]))
     inline_verify.plan_step(rt, _batch([req], [3], mode="extend"))
     assert inline_verify._LAUNCH is None and req._llm42.exact_kv == 3
+
+
+@pytest.mark.parametrize(("pad_ratio", "num_det", "inline"), [
+    (1.0, 1, False),  # 4 rows, 2 of them padding for 1 deterministic row: passes are cheaper
+    (1.0, 2, True),  # 2 padding rows for 2 deterministic rows
+    (0.0, 2, False),  # only full steps
+    (ROWS, 1, True),
+])
+def test_a_step_runs_inline_only_where_its_padding_is_worth_it(pad_ratio, num_det, inline):
+    """R = 4, a step of 2 rows: R - N = 2 padding rows against pad_ratio x d. A declined step
+    cuts its rows' chains, and no partial window is caught up for a batch that stays so."""
+    rt = _rt(pad_ratio)
+    inline_verify._LAUNCH = None
+    reqs = [_req(7), _req(7, det=num_det == 2)]
+    inline_verify.plan_step(rt, _batch(reqs, [7, 7]))
+    assert (inline_verify._LAUNCH is not None) == inline
+    assert reqs[0]._llm42.exact_kv == (8 if inline else 7)
+    assert rt.stats.inline_declined_steps == int(not inline)
+    inline_verify._LAUNCH = None
+    state = reqs[0]._llm42.det
+    state.on_first_token()
+    state.apply(SimpleNamespace(new_num_verified=1, num_committed=1, new_num_output_tokens=1,
+                                num_rejected=0, is_rollback=False))
+    state.append_candidates(2)
+    assert inline_verify.catching_up(rt, reqs[0], state, 2, num_det) == inline
+    full = _rt(0.0)
+    assert inline_verify.worth_inline(full, ROWS, 1) and not inline_verify.worth_inline(full, 3, 3)
+    assert not inline_verify.worth_inline(_rt(100.0), ROWS + 1, ROWS + 1)
+    assert not inline_verify.worth_inline(_rt(100.0), 1, 0)

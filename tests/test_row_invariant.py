@@ -21,7 +21,10 @@ from llm42.sglang import row_pass
 SAMPLINGS = [pytest.param({}, id="greedy"),
              pytest.param({"temperature": 0.8, "seed": 5, "sampling": {"top_p": 0.9}},
                           id="top_p-seeded")]
-SHAPES = [(16, 32), (3, 1), (64, 2)]  # (W, B) switched in after the server's own (8, 4)
+# (W, B, --llm42-inline-pad-ratio) switched in after the server's own (8, 4, INLINE_ALWAYS);
+# ratio 0: only full steps of R rows are inline, so here every token is verified by a pass
+SHAPES = [(16, 32, 0.0), (3, 1, INLINE_ALWAYS := float(row_pass.ROWS_PER_FORWARD["cpu"])),
+          (64, 2, 1.0)]
 ROW_BUDGET = 2  # row_server's --llm42-max-pass-rows-per-step (row_server_apart: no budget)
 
 
@@ -36,10 +39,12 @@ def _row_args(window: int, batch: int, rate: float) -> list[str]:
 def row_server(tiny_model, tmp_path_factory):
     """W = 8, B = 4, the prefix cache (on by default under this verifier), 32-token prefill
     chunks, overlap loop, at most ROW_BUDGET rows verified per step (its step timeline
-    recorded); W and B switchable."""
+    recorded), every decode step of at most R rows inline; W, B and the pad ratio
+    switchable."""
     timeline = tmp_path_factory.mktemp("row-invariant-timeline")
     server = _start(tiny_model, _row_args(8, 4, 0.3) + [
         "--chunked-prefill-size", "32", "--llm42-benchmark-modes",
+        "--llm42-inline-pad-ratio", str(INLINE_ALWAYS),
         "--llm42-max-pass-rows-per-step", str(ROW_BUDGET), "--llm42-timeline-dir",
         str(timeline)], "row-invariant", tmp_path_factory)
     yield server
@@ -60,9 +65,10 @@ def row_server_apart(tiny_model, tmp_path_factory):
     server.stop()
 
 
-def _switch(url: str, window: int, batch: int) -> None:
+def _switch(url: str, window: int, batch: int, pad_ratio: float = INLINE_ALWAYS) -> None:
     r = requests.post(url + "/llm42_benchmark_mode", timeout=60,
-                      json={"window_size": window, "verify_batch_size": batch})
+                      json={"window_size": window, "verify_batch_size": batch,
+                            "inline_pad_ratio": pad_ratio})
     assert r.status_code == 200 and r.json()["verify_batch_size"] == batch, r.text
 
 
@@ -82,10 +88,13 @@ def test_outputs_depend_on_the_request_alone(row_server, row_server_apart, sampl
     url = row_server.url
     ref = _outputs(url, prompts, sampling)
     try:
-        for window, batch in SHAPES:
-            _switch(url, window, batch)
+        for window, batch, pad_ratio in SHAPES:
+            declined = llm42_stats(url)["inline_declined_steps"]
+            _switch(url, window, batch, pad_ratio)
             got = [_outputs(url, [p], sampling)[0] for p in prompts]  # alone
-            assert_same(ref, got, f"alone at W {window}, B {batch}")
+            assert_same(ref, got, f"alone at W {window}, B {batch}, pad ratio {pad_ratio}")
+            # alone: 15 padding rows a step, more than 1.0 x 1 row: by passes
+            assert (llm42_stats(url)["inline_declined_steps"] > declined) == (pad_ratio < 15)
         loaded = concurrently([lambda: _outputs(url, prompts, sampling),
                                *background_requests(url, 12)])[0]
         assert_same(ref, loaded, "batched among normal traffic")

@@ -151,12 +151,21 @@ class Llm42Config:
         "windows are verified by passes. Outputs are the same either way. Default: on with "
         "--llm42-verifier row-invariant, off otherwise (refused with fixed-shape).",
         echo_as="uses_inline_verify")
+    inline_pad_ratio: float = _setting(
+        2.0, "--llm42-inline-pad-ratio",
+        "With inline verification: a decode step of N rows (N <= R, the row-invariant "
+        "forward's rows) carrying d deterministic rows runs inline only when its padding is at "
+        "most this many rows per deterministic row (R - N <= ratio x d); otherwise it decodes "
+        "as usual and its deterministic rows' windows are verified by passes. Padding slows "
+        "every row of the step, a pass costs one R-row forward per R verified tokens: at low "
+        "load or a small deterministic share, passes are cheaper. 0: only full "
+        "steps; a large value: every step of at most R rows. Outputs are the same either way.")
     benchmark_modes: bool = _setting(
         False, "--llm42-benchmark-modes",
         "Benchmarking only: accept POST /llm42_benchmark_mode {\"skip_compare\": bool, "
         "\"inject_mismatch_rate\": float, \"window_size\": int, \"verify_batch_size\": int, "
         "\"max_verify_wait\": int or null, \"overlap_verify\": bool, \"max_finish_wait\": int or "
-        "null} to "
+        "null, \"inline_pad_ratio\": number} to "
         "switch those settings "
         "on the running server between benchmark runs (one server start for llm42, "
         "comparison-skipped and injected runs, a window sweep and a survey of the pass "
@@ -270,6 +279,9 @@ class Llm42Config:
                     f"{flag} must be in [0, window size), got {wait} with "
                     f"--llm42-window-size {self.window_size}"
                 )
+        if not (math.isfinite(self.inline_pad_ratio) and self.inline_pad_ratio >= 0):
+            raise ValueError(f"--llm42-inline-pad-ratio must be a number >= 0, got "
+                             f"{self.inline_pad_ratio}")
         if self.max_passes_per_step < 0:
             raise ValueError(
                 f"--llm42-max-passes-per-step must be >= 0 (0: no cap), got "
@@ -334,11 +346,12 @@ def setting_fields() -> list[Field]:
 
 
 # What POST /llm42_benchmark_mode may switch on a running server (--llm42-benchmark-modes).
-# max_verify_wait, overlap_verify and max_finish_wait change only when a row is verified, so a
-# defaults survey (issue 33) runs them on one server start too.
+# max_verify_wait, overlap_verify and max_finish_wait change only when a row is verified, and
+# inline_pad_ratio only which forward verifies it, so a defaults survey runs them on one server
+# start too.
 BENCHMARK_MODE_FIELDS = ("skip_compare", "inject_mismatch_rate", "window_size",
                          "verify_batch_size", "max_verify_wait", "overlap_verify",
-                         "max_finish_wait")
+                         "max_finish_wait", "inline_pad_ratio")
 
 
 class ModeSwitchBusy(RuntimeError):
@@ -368,6 +381,12 @@ def parse_benchmark_mode(body) -> dict:
                 math.isfinite(rate) and 0.0 <= rate <= 1.0):
             raise ValueError(f"inject_mismatch_rate must be a number in [0, 1], got {rate!r}")
         mode["inject_mismatch_rate"] = float(rate)
+    if "inline_pad_ratio" in body:
+        ratio = body["inline_pad_ratio"]
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not (
+                math.isfinite(ratio) and ratio >= 0):
+            raise ValueError(f"inline_pad_ratio must be a number >= 0, got {ratio!r}")
+        mode["inline_pad_ratio"] = float(ratio)
     for name in ("window_size", "verify_batch_size"):
         if name in body:
             value = body[name]

@@ -86,6 +86,8 @@ class Llm42Stats:
     inline_steps: int = 0
     inline_verified_tokens: int = 0
     inline_misses: int = 0
+    # decode steps with such rows that decoded as usual: too much padding (--llm42-inline-pad-ratio)
+    inline_declined_steps: int = 0
     # Time inside the scheduler's next-batch step, between the iterations the step profile
     # counts: verification passes, the results drained for them, SGLang building the batch.
     schedule_time_s: float = 0.0
@@ -150,6 +152,9 @@ class Llm42Stats:
     def observe_inline_step(self) -> None:
         self.inline_steps += 1
 
+    def observe_inline_declined(self) -> None:
+        self.inline_declined_steps += 1
+
     def observe_inline_token(self, verified: bool) -> None:
         self.inline_verified_tokens += int(verified)
         self.inline_misses += int(not verified)
@@ -187,6 +192,7 @@ class Llm42Stats:
             "inline_steps": self.inline_steps,
             "inline_verified_tokens": self.inline_verified_tokens,
             "inline_misses": self.inline_misses,
+            "inline_declined_steps": self.inline_declined_steps,
             "schedule_time_s": self.schedule_time_s,
             "batch_build_time_s": self.batch_build_time_s,
             **{f"steps_{k}": v for k, v in self.steps.items()},

@@ -102,12 +102,12 @@ def verify_due(rt, scheduler, batch) -> None:
     touched, drained = [], False
     capped = cfg.max_passes_per_step or cfg.max_pass_rows_per_step is not None
     while not (touched and capped):  # under a pass or row cap: one round per step
-        num_running = len(batch.reqs)
+        num_running, num_det = len(batch.reqs), inline_verify.num_chained(batch.reqs)
         ready, urgent = [], []
         for r in batch.reqs:
             if (st := det_state(r)) is None or r.finished():
                 continue
-            catch_up = inline_verify.catching_up(rt, r, st, num_running)
+            catch_up = inline_verify.catching_up(rt, r, st, num_running, num_det)
             if st.is_ready or catch_up:
                 ready.append(r)
                 urgent.append(catch_up)

@@ -8,8 +8,9 @@ pass would compute for it later. So its logits are the verifier's logits for the
 samples, and its KV at p is the verifier's KV: the token is verified on arrival, with no window
 wait, no pass and no rollback, and the next step can do the same. Per step:
 
-    launch   (`plan_step`, after SGLang built the decode batch)  row i eligible when N <= R and
-             the request's exact KV reaches its position p (`Llm42Req.exact_kv` == p)
+    launch   (`plan_step`, after SGLang built the decode batch)  row i eligible when the step is
+             worth it (`worth_inline`) and the request's exact KV reaches its position p
+             (`Llm42Req.exact_kv` == p)
     forward  (`take_launch` / `run_forward`, for ModelRunner.forward)  the batch as one R-row
              row pass; the eligible rows' logits copied out; the first N rows go to the sampler
     result   (`sample_step`, before SGLang processes the step)  the verifier's sampling of those
@@ -61,15 +62,35 @@ def active(rt) -> bool:
     return bool(getattr(rt, "inline_verify", False))
 
 
+def worth_inline(rt, num_rows: int, num_det_rows: int) -> bool:
+    """Whether a decode step of `num_rows` rows, `num_det_rows` of them deterministic, runs as an
+    R-row forward: its R - N padding rows slow every row of the step, where passes would verify
+    those deterministic rows at one R-row forward per R tokens (`--llm42-inline-pad-ratio`)."""
+    rows = rt.row_pass_rows
+    return (num_det_rows > 0 and num_rows <= rows
+            and rows - num_rows <= rt.config.inline_pad_ratio * num_det_rows)
+
+
+def num_chained(reqs) -> int:
+    """Deterministic requests among `reqs` whose tokens an inline step can verify (a verified
+    prompt: their KV can become the verifier's)."""
+    return sum(1 for req in reqs if (state := det_state(req)) is not None and state.verify_prompt
+               and not req.finished())
+
+
 def plan_step(rt, batch) -> None:
-    """After SGLang built `batch`: plan it as an inline step if it is a decode batch of at most
-    R rows with an eligible deterministic row, and move each deterministic row's exact KV."""
+    """After SGLang built `batch`: plan it as an inline step if it is a decode batch worth it
+    (`worth_inline`) with an eligible deterministic row, and move each deterministic row's
+    exact KV."""
     global _LAUNCH
     if _LAUNCH is not None:  # planned but never run: its claims do not hold
         _abandon(_LAUNCH)
     if not active(rt) or batch is None or not batch.reqs or not batch.forward_mode.is_decode():
         return
-    inline = len(batch.reqs) <= rt.row_pass_rows
+    num_det = num_chained(batch.reqs)
+    inline = worth_inline(rt, len(batch.reqs), num_det)
+    if num_det and not inline:
+        rt.stats.observe_inline_declined()
     positions = [int(s) - 1 for s in batch.seq_lens_cpu.tolist()]
     eligible = []
     for i, (req, p) in enumerate(zip(batch.reqs, positions)):
@@ -213,11 +234,12 @@ def after_decision(rt, req, state) -> None:
         of(req).exact_kv = len(req.origin_input_ids) + state.num_verified_tokens - 1
 
 
-def catching_up(rt, req, state, num_running: int) -> bool:
-    """Verify `req`'s candidates now, partial window or not: afterwards its next step (the batch
-    fits R rows) verifies its rows inline again."""
-    return (active(rt) and num_running <= rt.row_pass_rows and state.verify_prompt
-            and not state.is_prompt_pending and state.num_candidate_tokens > 0)
+def catching_up(rt, req, state, num_running: int, num_det: int) -> bool:
+    """Verify `req`'s candidates now, partial window or not: afterwards its next step (in a
+    batch of `num_running` rows, `num_det` of them chained, if that is worth inline) verifies
+    its rows inline again. Not worth it: its windows wait for passes as usual."""
+    return (active(rt) and state.verify_prompt and not state.is_prompt_pending
+            and state.num_candidate_tokens > 0 and worth_inline(rt, num_running, num_det))
 
 
 def forget(req) -> None:
