@@ -278,7 +278,9 @@ def test_gpu_suite_tp_proof_and_tp_benchmark(tmp_path, det_allreduce):
 
 def test_gpu_suite_row_invariant_proof_compares_two_servers(tmp_path):
     """proof-row-invariant: two proofs with the row-invariant verifier at W 16 B 32 and W 64 B 4;
-    the second reads the first's proof.json as its reference (cross-server bitwise check)."""
+    the second reads the first's proof.json as its reference (cross-server bitwise check). The
+    first verifies every decode step inline, the second by passes only (inline steps vs passes
+    on the GPU)."""
     import shlex
 
     from benchmarks import determinism_proof
@@ -299,8 +301,9 @@ def test_gpu_suite_row_invariant_proof_compares_two_servers(tmp_path):
         # proven on triton since the H100 proof: the step runs the verifier as users do
         assert "--llm42-allow-unproven-backend" not in server and "lora" not in args.features
         shapes.append((server[server.index("--llm42-window-size") + 1],
-                       server[server.index("--llm42-verify-batch-size") + 1]))
-    assert shapes == [("16", "32"), ("64", "4")]
+                       server[server.index("--llm42-verify-batch-size") + 1],
+                       float(server[server.index("--llm42-inline-pad-ratio") + 1])))
+    assert shapes == [("16", "32", 1e9), ("64", "4", 0.0)]
     assert parsed[0].reference is None
     assert parsed[1].reference == [str(Path(parsed[0].out_dir) / "proof.json")]
 

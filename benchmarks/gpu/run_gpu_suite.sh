@@ -11,10 +11,13 @@
 #                              modes llm42 and control on one --enable-llm42 server
 #   proof-smollm2              the same proof on SmolLM2-135M-Instruct ($SMOLLM2_WEIGHTS)
 #   proof-row-invariant        the proof with --llm42-verifier row-invariant (triton) at W 16
-#                              B 32, then on a second server at W 64 B 4 whose every trial must
-#                              also equal the first server's outputs bitwise (--reference);
-#                              features without lora; the prefix cache follows the radix cache
-#                              (off with the default COMMON_ARGS)
+#                              B 32, every decode step of at most R rows inline
+#                              (--llm42-inline-pad-ratio 1e9), then on a second server at W 64 B 4
+#                              with inline steps only at R rows (ratio 0: never at the proof's
+#                              loads, so passes verify every token) whose every trial must also
+#                              equal the first server's outputs bitwise (--reference); features
+#                              without lora; the prefix cache follows the radix cache (off with
+#                              the default COMMON_ARGS)
 #   proof-spec                 the proof on speculative servers (issue 37), SmolLM2
 #                              ($SMOLLM2_WEIGHTS; real: acceptance that means something), features
 #                              $PROOF_SPEC_FEATURES (SGLang serves LoRA only with NGRAM), one
@@ -471,9 +474,10 @@ run_step() {
     proof-row-invariant)  # two servers, two (W, B); the second is compared with the first too
       local row="--llm42-verifier row-invariant" top=$step
       step=$top/w16-b32 WINDOW=16 VERIFY_BS=32 PROOF_FEATURES=n2,penalty,json \
-        PROOF_LLM42_ARGS="$PROOF_LLM42_ARGS $row" proof_step "$MODEL_1B" model_1b || return 1
+        PROOF_LLM42_ARGS="$PROOF_LLM42_ARGS $row --llm42-inline-pad-ratio 1e9" \
+        proof_step "$MODEL_1B" model_1b || return 1
       step=$top/w64-b4 WINDOW=64 VERIFY_BS=4 PROOF_FEATURES=n2,penalty,json \
-        PROOF_LLM42_ARGS="$PROOF_LLM42_ARGS $row" \
+        PROOF_LLM42_ARGS="$PROOF_LLM42_ARGS $row --llm42-inline-pad-ratio 0" \
         PROOF_REFERENCE="$RUN_DIR/$top/w16-b32/proof.json" proof_step "$MODEL_1B" model_1b ;;
     proof-smollm2) proof_step "$MODEL_SMOL" model_smollm2 ;;
     proof-spec) proof_spec ;;
