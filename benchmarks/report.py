@@ -56,7 +56,24 @@ def variant_of(row: dict) -> str:
         label += " skip-compare"
     if row.get("inject_mismatch_rate"):
         label += f" inject={row['inject_mismatch_rate']:g}"
-    return label + _scheduling_label(row.get("llm42_stats") or {}, row.get("window_size"))
+    stats = row.get("llm42_stats") or {}
+    if not stats and row.get("llm42_args"):  # a run that did not complete: its flags
+        return f"{label} {row['llm42_args']}"
+    return label + _verifier_label(stats) + _scheduling_label(stats, row.get("window_size"))
+
+
+def _verifier_label(stats: dict) -> str:
+    """The verifier where not the default, and inline verification's pad ratio where not."""
+    from llm42.core.config import Llm42Config
+
+    defaults = Llm42Config()
+    label = ""
+    if stats.get("verifier") and stats["verifier"] != defaults.verifier:
+        label += f" {stats['verifier']}"
+    ratio = stats.get("inline_pad_ratio")
+    if stats.get("inline_verify") and ratio is not None and ratio != defaults.inline_pad_ratio:
+        label += f" inline-pad{ratio:g}"
+    return label
 
 
 def _scheduling_label(stats: dict, window: int | None) -> str:
@@ -65,7 +82,9 @@ def _scheduling_label(stats: dict, window: int | None) -> str:
     from llm42.core.config import Llm42Config
 
     wait = stats.get("max_verify_wait")
-    if wait is not None and window and wait != Llm42Config(window_size=window).verify_wait_steps:
+    verifier = stats.get("verifier") or Llm42Config().verifier
+    if wait is not None and window and wait != Llm42Config(
+            window_size=window, verifier=verifier).verify_wait_steps:
         label += f" wait{wait}"
     if stats.get("max_passes_per_step"):
         label += f" cap{stats['max_passes_per_step']}"

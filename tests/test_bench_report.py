@@ -74,6 +74,14 @@ def test_report_labels_tell_scheduling_variants_apart():
                       "llm42 W64 B8 batched-prefill wait48",
                       "llm42 W64 B8 batched-prefill overlap-verify"]
     assert variant_of({**base, "llm42_stats": None}) == labels[0]  # rows of older runs
+    # the verifier and inline verification's pad ratio, where not the defaults (row-invariant's
+    # own verify wait is 0); a run that never completed shows the flags it was to run with
+    row = {"verifier": "row-invariant", "max_verify_wait": 0, "inline_verify": True}
+    assert [variant_of({**base, "llm42_stats": {**row, "inline_pad_ratio": r}})
+            for r in (2.0, 0.0)] == ["llm42 W64 B8 batched-prefill row-invariant",
+                                     "llm42 W64 B8 batched-prefill row-invariant inline-pad0"]
+    assert variant_of({**base, "llm42_stats": {}, "llm42_args": "--llm42-inline-pad-ratio 0"}) \
+        == "llm42 W64 B8 batched-prefill --llm42-inline-pad-ratio 0"
 
 
 def test_online_table_compares_normal_latency_with_nondet_at_the_same_rate(tmp_path):
