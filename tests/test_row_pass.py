@@ -45,6 +45,14 @@ def test_triton_rows_get_a_fixed_split_in_row_passes_only(monkeypatch, in_row_pa
         num_kv_splits[:] = torch.tensor([1, 2, 3])
     row_pass.static_kv_splits_hook(sglang_splits, backend, splits, torch.tensor([5, 900, 40]))
     assert splits.tolist() == ([8, 8, 8] if in_row_pass else [1, 2, 3])
+    # the experiment's tile: each row's splits from its own length, at most the maximum
+    monkeypatch.setenv(row_pass.KV_TILE_ENV, "64")
+    row_pass.static_kv_splits_hook(sglang_splits, backend, splits, torch.tensor([5, 900, 65]))
+    assert splits.tolist() == ([1, 8, 2] if in_row_pass else [1, 2, 3])
+    monkeypatch.setenv(row_pass.KV_TILE_ENV, "0")
+    if in_row_pass:
+        with pytest.raises(ValueError, match="LLM42_ROW_PASS_KV_TILE must be an integer >= 1"):
+            row_pass.static_kv_splits_hook(sglang_splits, backend, splits, torch.tensor([5]))
 
 
 def _scheduler(device: str, decode: str, pool_rows: int = 256):

@@ -47,6 +47,11 @@ ROWS_PER_FORWARD = {"cpu": 16, "cuda": 256}
 # Experiments only (GPU A/B of the forward size: fewer, larger forwards read the weights fewer
 # times per verified token, smaller ones pad less): another row count. It changes outputs.
 ROWS_ENV = "LLM42_ROW_PASS_ROWS"
+# Experiments only (GPU A/B of the attention's KV splits): a row's Triton KV splits become
+# ceil(its KV length / this many tokens), at most the backend's maximum, instead of the maximum
+# for every row. Still a function of the row alone (as SGLang's deterministic mode splits by a
+# tile), fewer splits for short rows. It changes outputs.
+KV_TILE_ENV = "LLM42_ROW_PASS_KV_TILE"
 # Device type -> the decode attention backend whose row-invariant passes have a proof: CPU's
 # torch_native (tests/test_row_invariant.py), CUDA's triton with fixed KV splits inside row
 # passes (`static_kv_splits_hook`; H100: alone vs among 64 background requests, and W 16 B 32 vs
@@ -75,9 +80,24 @@ def static_kv_splits_hook(original, backend, num_kv_splits, seq_lens):
 
     rt = runtime.RUNTIME
     if runtime.IN_VERIFY_PASS and rt is not None and rt.config.verifier == ROW_INVARIANT:
-        num_kv_splits.fill_(backend.max_kv_splits)
+        tile = kv_tile()
+        if tile is None or num_kv_splits.shape != seq_lens.shape:
+            num_kv_splits.fill_(backend.max_kv_splits)
+        else:
+            splits = torch.clamp((seq_lens + tile - 1) // tile, 1, backend.max_kv_splits)
+            num_kv_splits.copy_(splits.to(num_kv_splits.dtype))
         return None
     return original(backend, num_kv_splits, seq_lens)
+
+
+def kv_tile() -> int | None:
+    """`LLM42_ROW_PASS_KV_TILE` (experiments only); None: every row gets the maximum split."""
+    tile = os.environ.get(KV_TILE_ENV, "")
+    if not tile:
+        return None
+    if not tile.isdigit() or int(tile) < 1:
+        raise ValueError(f"llm42: {KV_TILE_ENV} must be an integer >= 1, got {tile!r}")
+    return int(tile)
 
 
 def launch_row_pass(
