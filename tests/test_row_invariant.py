@@ -65,10 +65,12 @@ def row_server_apart(tiny_model, tmp_path_factory):
     server.stop()
 
 
-def _switch(url: str, window: int, batch: int, pad_ratio: float = INLINE_ALWAYS) -> None:
-    r = requests.post(url + "/llm42_benchmark_mode", timeout=60,
-                      json={"window_size": window, "verify_batch_size": batch,
-                            "inline_pad_ratio": pad_ratio})
+def _switch(url: str, window: int, batch: int, pad_ratio: float | None = None) -> None:
+    """W and B, and the pad ratio when given (the fixed-shape control's server keeps its own)."""
+    mode = {"window_size": window, "verify_batch_size": batch}
+    if pad_ratio is not None:
+        mode["inline_pad_ratio"] = pad_ratio
+    r = requests.post(url + "/llm42_benchmark_mode", timeout=60, json=mode)
     assert r.status_code == 200 and r.json()["verify_batch_size"] == batch, r.text
 
 
@@ -99,7 +101,7 @@ def test_outputs_depend_on_the_request_alone(row_server, row_server_apart, sampl
                                *background_requests(url, 12)])[0]
         assert_same(ref, loaded, "batched among normal traffic")
     finally:
-        _switch(url, 8, 4)
+        _switch(url, 8, 4, INLINE_ALWAYS)
     assert_same(ref, _outputs(row_server_apart.url, prompts, sampling),
                 "W 16, B 1, solo prefills, no prefix cache, other chunks, normal loop, NGRAM")
     stats = llm42_stats(url)
