@@ -74,6 +74,9 @@
 #   backend-compare            what --enable-llm42 should pick without --attention-backend: llm42
 #                              at $BACKEND_RATIOS on flashinfer, then on triton (one server
 #                              each), ShareGPT; tables.md has each one's throughput
+#   kv-split-cost              issue 34: one layer of Triton decode attention, 8B shape, per KV
+#                              split policy (SGLang's, the row pass's maximum, a tile of T
+#                              tokens); no server, ~30 s (benchmarks/kv_split_cost.py)
 #   lm-head-cost               the LM head per decode batch size, 8B shape: SGLang's bf16, fp32
 #                              for every row (llm42 before issue 33), fp32 for the deterministic
 #                              rows only (now); ~20 s (benchmarks/lm_head_cost.py)
@@ -490,6 +493,7 @@ run_step() {
       fi ;;
     bench-*) bench_step "$step" ;;
     lm-head-cost) env_python -m benchmarks.lm_head_cost --out-dir "$RUN_DIR/$step" ;;
+    kv-split-cost) env_python -m benchmarks.kv_split_cost --out-dir "$RUN_DIR/$step" ;;
     spec-sharegpt)  # speculation on vs off, plain SGLang and llm42, one server per config
       model_smollm2 || return 1
       driver "$step" "$MODEL_SMOL" "$SPEC_CONFIGS" "$SPEC_RATIOS" --window-sizes "$WINDOW" \
