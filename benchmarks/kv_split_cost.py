@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import env_info, report
+
 HEADS, KV_HEADS, HEAD_DIM, LAYERS = 32, 8, 128, 32  # Llama-3.1-8B
 
 
@@ -113,15 +115,35 @@ def main(argv=None) -> None:
             rows.append({"batch": batch, "mean_kv": mean, "policy": name, "layer_ms": ms,
                          "step_ms": ms * LAYERS, "vs_sglang": ms / base,
                          "mean_splits": float(splits.float().mean()),
-                         "gpu": torch.cuda.get_device_name()})
-    with open(args.out_dir / "results.jsonl", "w") as f:
+                         "gpu": torch.cuda.get_device_name(), "git_commit": env_info.git_commit()})
+    write_outputs(rows, args.out_dir)
+
+
+def write_outputs(rows: list[dict], out_dir: Path) -> None:
+    """results.jsonl, table.md and kv_split_cost.png (each policy's step time per shape)."""
+    with open(out_dir / "results.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
-    lines = ["| batch | mean KV | policy | mean splits | attention per step (ms, 32 layers) | vs SGLang's |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| batch | mean KV | policy | mean splits | attention per step (ms, 32 layers) | "
+             "vs SGLang's |", "|---|---|---|---|---|---|"]
     lines += [f"| {r['batch']} | {r['mean_kv']} | {r['policy']} | {r['mean_splits']:.2f} | "
               f"{r['step_ms']:.2f} | {r['vs_sglang']:.2f}x |" for r in rows]
-    (args.out_dir / "table.md").write_text("\n".join(lines) + "\n")
+    (out_dir / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    plt = report._plt()
+    shapes = list(dict.fromkeys((r["batch"], r["mean_kv"]) for r in rows))
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(policies)
+    for k, policy in enumerate(policies):
+        ys = [next((r["vs_sglang"] for r in rows if (r["batch"], r["mean_kv"]) == shape
+                    and r["policy"] == policy), 0.0) for shape in shapes]
+        ax.bar([i + k * width for i in range(len(shapes))], ys, width, label=policy)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))],
+                  [f"{b} rows, KV ~{m}" for b, m in shapes], fontsize=8)
+    ax.set_ylabel("attention time vs SGLang's splits")
+    ax.set_title("Triton decode attention, 8B shape, per KV split policy", fontsize=9)
+    ax.legend(fontsize=8)
+    report._save(plt, fig, out_dir / "kv_split_cost.png")
 
 
 if __name__ == "__main__":

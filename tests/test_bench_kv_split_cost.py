@@ -40,6 +40,7 @@ def test_rows_and_table_report_each_policy_against_sglangs(tmp_path, monkeypatch
     assert rows[1]["step_ms"] == rows[1]["layer_ms"] * kv_split_cost.LAYERS
     assert 1.0 <= rows[2]["vs_sglang"] <= 8.0
     assert "| 4 | 500 | max | 8.00 |" in (tmp_path / "table.md").read_text()
+    assert (tmp_path / "kv_split_cost.png").stat().st_size > 0 and "git_commit" in rows[0]
 
 
 def test_the_gpu_suite_runs_it_as_a_step(tmp_path):
