@@ -212,14 +212,15 @@ def step_profile_table(rows: list[dict]) -> str:
     seconds per kind of scheduler iteration, the next-batch step in between (verification
     passes, in-flight results drained for them, SGLang building the batch, which plain SGLang
     pays too, and llm42's own host work around the passes), and what none of them holds (client
-    start and ramp). Servers older than `schedule_time_s` / `batch_build_time_s` show `-`."""
+    start and ramp); inline steps' host time, launching and sampling (inside the decode and
+    prefill iterations). Servers older than a timing show `-`."""
     runs = [r for r in rows if not r.get("skipped") and r.get("duration")
             and "step_time_decode_s" in (r.get("llm42_stats") or {})]
     if not runs:
         return ""
     header = ["workload", "config", "det ratio", "run (s)", "decode", "prefill", "det prefill",
               "next-batch step", "of it: passes", "drains", "SGLang batch build", "llm42 other",
-              "outside all"]
+              "outside all", "inline steps: launch / sample"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in runs:
         st = row["llm42_stats"]
@@ -233,7 +234,11 @@ def step_profile_table(rows: list[dict]) -> str:
             other = schedule - build - st.get("verify_time_s", 0.0) - st.get("drain_time_s", 0.0)
         cells += [_fmt(schedule), _fmt(st.get("verify_time_s")), _fmt(st.get("drain_time_s")),
                   _fmt(build), _fmt(other), _fmt(row["duration"] - inside)]
-        lines.append("| " + " | ".join(cells) + " |")
+        inline = "-"
+        if st.get("inline_steps") and "inline_launch_time_s" in st:
+            inline = (f"{st['inline_steps']}: {_fmt(st['inline_launch_time_s'])} / "
+                      f"{_fmt(st['inline_sample_time_s'])}")
+        lines.append("| " + " | ".join(cells + [inline]) + " |")
     return "\n".join(lines) + "\n"
 
 

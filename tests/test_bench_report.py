@@ -127,17 +127,19 @@ def test_report_says_where_an_llm42_servers_time_went(tmp_path):
     rows = [result_row("nondet", 0.0, 100.0, duration=60.0),
             result_row("llm42", 0.5, 50.0, duration=80.0, **llm42,
                        llm42_stats={**steps, "schedule_time_s": 20.0, "drain_time_s": 9.0,
-                              "batch_build_time_s": 2.5}),
+                              "batch_build_time_s": 2.5, "inline_steps": 40,
+                              "inline_launch_time_s": 4.0, "inline_sample_time_s": 2.0}),
             # a server older than the schedule timings
             result_row("llm42", 0.1, 90.0, duration=70.0, **llm42, llm42_stats=steps)]
     table = report.step_profile_table(report.sort_rows(rows))
     lines = [ln.split(" | ") for ln in table.splitlines()[2:]]
     assert len(lines) == 2, "nondet has no step profile"
     assert lines[0][2:] == ["0.10", "70.0", "20.0", "30.0", "1.0", "-", "7.0", "-", "-", "-",
-                            "12.0 |"]
-    # llm42's own host work: 20 - 7 passes - 9 drains - 2.5 SGLang batch building
+                            "12.0", "- |"]
+    # llm42's own host work: 20 - 7 passes - 9 drains - 2.5 SGLang batch building; 40 inline
+    # steps took 4 s to launch and 2 s to sample
     assert lines[1][2:] == ["0.50", "80.0", "20.0", "30.0", "1.0", "20.0", "7.0", "9.0", "2.5",
-                            "1.5", "9.0 |"]
+                            "1.5", "9.0", "40: 4.0 / 2.0 |"]
     jsonl = tmp_path / "results.jsonl"
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
     report.write_report(jsonl, tmp_path)

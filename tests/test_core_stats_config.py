@@ -37,6 +37,8 @@ SNAPSHOT_KEYS = {
     "inline_verified_tokens",
     "inline_misses",
     "inline_declined_steps",
+    "inline_launch_time_s",
+    "inline_sample_time_s",
     "schedule_time_s",
     "batch_build_time_s",
     "steps_decode", "steps_prefill", "steps_det_prefill",
@@ -74,7 +76,8 @@ def test_stats_arithmetic() -> None:
     stats.observe_row_cap(3)  # a step that held three jobs back
     stats.observe_row_cap(0)  # a step within its budget
     stats.observe_row_cap(1)
-    stats.observe_inline_step()
+    stats.observe_inline_step(0.25)
+    stats.observe_inline_sample(0.125)
     stats.observe_inline_token(True)
     stats.observe_inline_token(True)
     stats.observe_inline_token(False)  # a miss: left to a pass
@@ -112,6 +115,7 @@ def test_stats_arithmetic() -> None:
         "row_cap_deferred_jobs": 4,
         "inline_steps": 1, "inline_verified_tokens": 2, "inline_misses": 1,
         "inline_declined_steps": 1,
+        "inline_launch_time_s": 0.25, "inline_sample_time_s": 0.125,
         "schedule_time_s": 1.5,
         "batch_build_time_s": 0.25,
         "steps_decode": 2, "steps_prefill": 0, "steps_det_prefill": 1,

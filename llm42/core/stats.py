@@ -88,6 +88,10 @@ class Llm42Stats:
     inline_misses: int = 0
     # decode steps with such rows that decoded as usual: too much padding (--llm42-inline-pad-ratio)
     inline_declined_steps: int = 0
+    # host time of inline steps: launching the row-invariant forward (batch, metadata, graph
+    # replay; the GPU runs on), and the verifier's sampling of their rows (waits for its kernels)
+    inline_launch_time_s: float = 0.0
+    inline_sample_time_s: float = 0.0
     # Time inside the scheduler's next-batch step, between the iterations the step profile
     # counts: verification passes, the results drained for them, SGLang building the batch.
     schedule_time_s: float = 0.0
@@ -149,8 +153,12 @@ class Llm42Stats:
         self.row_capped_steps += int(num_deferred_jobs > 0)
         self.row_cap_deferred_jobs += num_deferred_jobs
 
-    def observe_inline_step(self) -> None:
+    def observe_inline_step(self, launch_seconds: float = 0.0) -> None:
         self.inline_steps += 1
+        self.inline_launch_time_s += launch_seconds
+
+    def observe_inline_sample(self, seconds: float) -> None:
+        self.inline_sample_time_s += seconds
 
     def observe_inline_declined(self) -> None:
         self.inline_declined_steps += 1
@@ -193,6 +201,8 @@ class Llm42Stats:
             "inline_verified_tokens": self.inline_verified_tokens,
             "inline_misses": self.inline_misses,
             "inline_declined_steps": self.inline_declined_steps,
+            "inline_launch_time_s": self.inline_launch_time_s,
+            "inline_sample_time_s": self.inline_sample_time_s,
             "schedule_time_s": self.schedule_time_s,
             "batch_build_time_s": self.batch_build_time_s,
             **{f"steps_{k}": v for k, v in self.steps.items()},

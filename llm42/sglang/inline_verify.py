@@ -30,6 +30,7 @@ forward of the same rows computes every verified token either way (tests/test_ro
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -146,6 +147,7 @@ def run_forward(step: InlineStep, forward_batch):
     from sglang.srt.model_executor.model_runner import ModelRunnerOutput
 
     rt = runtime.RUNTIME
+    started = time.perf_counter()
     rows, n = rt.row_pass_rows, len(step.reqs)
     ids = forward_batch.input_ids
     input_ids = torch.cat([ids, torch.zeros(rows - n, dtype=ids.dtype, device=ids.device)])
@@ -156,13 +158,21 @@ def run_forward(step: InlineStep, forward_batch):
     step.logits = logits.index_select(0, index).float()
     out = LogitsProcessorOutput(next_token_logits=logits[:n])
     out.llm42_inline = step
-    rt.stats.observe_inline_step()
+    rt.stats.observe_inline_step(time.perf_counter() - started)
     return ModelRunnerOutput(logits_output=out, can_run_graph=graphed)
 
 
 def sample_step(rt, step: InlineStep) -> None:
     """Before SGLang processes the step: the verifier's token for each eligible row whose
     request still waits for exactly that token (`Llm42Req.inline_result`)."""
+    started = time.perf_counter()
+    try:
+        _sample_step(rt, step)
+    finally:
+        rt.stats.observe_inline_sample(time.perf_counter() - started)
+
+
+def _sample_step(rt, step: InlineStep) -> None:
     keep = []
     for j, (_, req, k) in enumerate(step.eligible):
         state = det_state(req)
