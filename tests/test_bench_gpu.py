@@ -431,3 +431,9 @@ def test_gpu_suite_spec_sharegpt_runs_speculation_on_and_off(tmp_path):
     configs = driver.server_configs(driver.build_parser().parse_args(argv))
     assert [(c.label, c.flags[-6:]) for c in configs] == [
         ("nondet-spec-eagle", shlex.split(eagle)), ("llm42-w64-spec-eagle", shlex.split(eagle))]
+
+
+def test_gpu_suite_runs_the_kv_split_cost_step(tmp_path):
+    """kv-split-cost: benchmarks.kv_split_cost into the step's folder, no server."""
+    assert ["-m", "benchmarks.kv_split_cost", "--out-dir",
+            str(tmp_path / "run" / "kv-split-cost")] in _dry_run(tmp_path, ["kv-split-cost"])

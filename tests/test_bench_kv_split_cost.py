@@ -4,10 +4,6 @@ kernel timing itself needs a GPU: here a stand-in that costs what its splits lau
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import torch
 
@@ -42,14 +38,3 @@ def test_rows_and_table_report_each_policy_against_sglangs(tmp_path, monkeypatch
     assert "| 4 | 500 | max | 8.00 |" in (tmp_path / "table.md").read_text()
     assert (tmp_path / "kv_split_cost.png").stat().st_size > 0 and "git_commit" in rows[0]
 
-
-def test_the_gpu_suite_runs_it_as_a_step(tmp_path):
-    suite = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "run_gpu_suite.sh"
-    env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
-           "RUN_DIR": str(tmp_path / "run"), "JIT_CACHE": str(tmp_path / "none.tar.gz")}
-    subprocess.run(["bash", str(suite), "kv-split-cost"], env=env, check=True,
-                   capture_output=True, timeout=120)
-    argvs = [json.loads(line) for line in (tmp_path / "out" / "dry_run.jsonl").read_text()
-             .splitlines()]
-    assert ["-m", "benchmarks.kv_split_cost", "--out-dir", str(tmp_path / "run" /
-                                                                 "kv-split-cost")] in argvs
