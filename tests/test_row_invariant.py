@@ -91,12 +91,14 @@ def test_outputs_depend_on_the_request_alone(row_server, row_server_apart, sampl
     ref = _outputs(url, prompts, sampling)
     try:
         for window, batch, pad_ratio in SHAPES:
-            declined = llm42_stats(url)["inline_declined_steps"]
+            before = llm42_stats(url)
             _switch(url, window, batch, pad_ratio)
             got = [_outputs(url, [p], sampling)[0] for p in prompts]  # alone
             assert_same(ref, got, f"alone at W {window}, B {batch}, pad ratio {pad_ratio}")
+            after = llm42_stats(url)
             # alone: 15 padding rows a step, more than 1.0 x 1 row: by passes
-            assert (llm42_stats(url)["inline_declined_steps"] > declined) == (pad_ratio < 15)
+            declined = after["inline_declined_steps"] - before["inline_declined_steps"]
+            assert (declined > 0) == (pad_ratio < 15)
         loaded = concurrently([lambda: _outputs(url, prompts, sampling),
                                *background_requests(url, 12)])[0]
         assert_same(ref, loaded, "batched among normal traffic")
@@ -171,6 +173,23 @@ def test_a_request_alone_takes_one_pass_and_the_rest_is_verified_inline(row_serv
     inline = after["inline_verified_tokens"] - before["inline_verified_tokens"]
     assert inline >= len(ids) - 2, (inline, meta)  # o_0 and o_1 by the prompt pass (or o_0 alone)
     assert after["inline_misses"] == before["inline_misses"]
+    wait_idle_and_healthy(row_server)
+
+
+def test_a_rounds_rows_form_one_pass_whatever_b(row_server):
+    """B = 1, W = 3: a new prompt's job is many 3-token rows, and they are verified in one pass
+    (its entries packed into R-row forwards), not one pass per row as B says for fixed shapes."""
+    url = row_server.url
+    try:
+        _switch(url, 3, 1)
+        before = llm42_stats(url)
+        generate(url, PROMPTS[4] + " A prompt no cache has seen.", max_new_tokens=4)
+        after = llm42_stats(url)
+    finally:
+        _switch(url, 8, 4)
+    rows = after["verify_rows"] - before["verify_rows"]
+    passes = after["verify_passes"] - before["verify_passes"]
+    assert rows >= 5 and passes == 1, (rows, passes)
     wait_idle_and_healthy(row_server)
 
 

@@ -44,7 +44,12 @@ def run_round(rt, scheduler, batch, reqs: list, overlap: bool = False) -> None:
     launched, partial = [], {}
     if overlap:
         _after_step_in_flight(scheduler)
-    for plan in plan_round(jobs, cfg.verify_batch_size, cfg.window_size):
+    rows_per_pass = cfg.verify_batch_size
+    if cfg.verifier == ROW_INVARIANT:
+        # B is no numeric of a row-invariant pass: the round's rows form one pass, whose
+        # entries fill R-row forwards across jobs instead of each B rows starting a new one
+        rows_per_pass = max(1, sum(len(rows) for rows in jobs))
+    for plan in plan_round(jobs, rows_per_pass, cfg.window_size):
         row_reqs = [reqs[j] for j in plan.owners] + [None] * plan.vpass.num_pad_rows
         launch = (row_pass.launch_row_pass if cfg.verifier == ROW_INVARIANT
                   else verifier.launch_pass)
