@@ -375,18 +375,14 @@ def parse_benchmark_mode(body) -> dict:
             if not isinstance(body[name], bool):
                 raise ValueError(f"{name} must be true or false, got {body[name]!r}")
             mode[name] = body[name]
-    if "inject_mismatch_rate" in body:
-        rate = body["inject_mismatch_rate"]
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (
-                math.isfinite(rate) and 0.0 <= rate <= 1.0):
-            raise ValueError(f"inject_mismatch_rate must be a number in [0, 1], got {rate!r}")
-        mode["inject_mismatch_rate"] = float(rate)
-    if "inline_pad_ratio" in body:
-        ratio = body["inline_pad_ratio"]
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not (
-                math.isfinite(ratio) and ratio >= 0):
-            raise ValueError(f"inline_pad_ratio must be a number >= 0, got {ratio!r}")
-        mode["inline_pad_ratio"] = float(ratio)
+    for name, upper, bounds in (("inject_mismatch_rate", 1.0, "in [0, 1]"),
+                                ("inline_pad_ratio", math.inf, ">= 0")):
+        if name in body:
+            value = body[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    math.isfinite(value) and 0.0 <= value <= upper):
+                raise ValueError(f"{name} must be a number {bounds}, got {value!r}")
+            mode[name] = float(value)
     for name in ("window_size", "verify_batch_size"):
         if name in body:
             value = body[name]

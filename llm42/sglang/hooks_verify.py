@@ -102,7 +102,8 @@ def verify_due(rt, scheduler, batch) -> None:
     touched, drained = [], False
     capped = cfg.max_passes_per_step or cfg.max_pass_rows_per_step is not None
     while not (touched and capped):  # under a pass or row cap: one round per step
-        num_running, num_det = len(batch.reqs), inline_verify.num_chained(batch.reqs)
+        num_running = len(batch.reqs)
+        num_det = inline_verify.num_chained(batch.reqs) if inline_verify.active(rt) else 0
         ready, urgent = [], []
         for r in batch.reqs:
             if (st := det_state(r)) is None or r.finished():

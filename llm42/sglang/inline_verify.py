@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from llm42.sglang import fp32_logits, row_pass, runtime, verifier, verify_logits
+from llm42.sglang import fp32_logits, row_pass, runtime, verifier
 from llm42.sglang.request_state import det_state, of
 
 if TYPE_CHECKING:
@@ -185,16 +185,11 @@ def _sample_step(rt, step: InlineStep) -> None:
     if len(keep) < len(step.eligible):
         logits = logits.index_select(
             0, verifier.to_device([j for j, _, _ in keep], torch.int64, logits.device))
-    reqs = [req for _, req, _ in keep]
-    verify_logits.apply(logits, reqs, [k for _, _, k in keep])
     positions = [step.positions[step.eligible[j][0]] for j, _, _ in keep]
-    top_nums = [req.logprob.top_logprobs_num if req.return_logprob else 0 for req in reqs]
-    ids, out = verifier.sample_with_logprobs(rt.scheduler, reqs, logits, positions, top_nums)
-    lps = out.next_token_logprobs.tolist()
-    top_v, top_i = out.next_token_top_logprobs_val, out.next_token_top_logprobs_idx
-    for m, (_, req, k) in enumerate(keep):
-        of(req).inline_result = (k, ids[m], lps[m], verifier.tolist(top_v[m]) if top_v else None,
-                                 verifier.tolist(top_i[m]) if top_i else None)
+    sampled = verifier.sample_entries(rt.scheduler, [req for _, req, _ in keep], logits,
+                                      positions)
+    for (_, req, k), entry in zip(keep, sampled):
+        of(req).inline_result = (k, *entry)
 
 
 def on_token(rt, req, state) -> None:
@@ -227,13 +222,8 @@ def write_logprobs(req) -> None:
     if not pending:
         return
     fields.inline_logprobs = None
-    lp = req.logprob
     for k, (logprob, top_v, top_i) in sorted(pending.items()):
-        verifier.put_entry(lp.output_token_logprobs_val, k, logprob)
-        verifier.put_entry(lp.output_token_logprobs_idx, k, req.output_ids[k])
-        if lp.top_logprobs_num > 0:
-            verifier.put_entry(lp.output_top_logprobs_val, k, top_v)
-            verifier.put_entry(lp.output_top_logprobs_idx, k, top_i)
+        verifier.put_logprobs(req, k, logprob, top_v, top_i)
 
 
 def after_decision(rt, req, state) -> None:

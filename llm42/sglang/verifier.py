@@ -193,20 +193,7 @@ def _sample_rows(scheduler, vpass: VerifyPass, reqs, entries, logits):
         return [None if row.is_pad else RowResult([], [], [], []) for row in vpass.rows]
     entry_reqs = [reqs[r] for r, _ in entries]
     entry_positions = [vpass.rows[r].positions[j] for r, j in entries]
-    # penalties, grammar masks and logit_bias, as SGLang's model runner adds them before sampling
-    verify_logits.apply(logits, entry_reqs, [verify_logits.output_index(req, p)
-                                             for req, p in zip(entry_reqs, entry_positions)])
-    positions = to_device(entry_positions, torch.int64, logits.device)
-    top_nums = [req.logprob.top_logprobs_num if req.return_logprob else 0 for req in entry_reqs]
-    ids, out = _sample(scheduler, entry_reqs, logits, positions, top_nums)
-    ids = ids.tolist()
-    lps = out.next_token_logprobs.tolist()
-    top_v, top_i = out.next_token_top_logprobs_val, out.next_token_top_logprobs_idx
-    per_entry = {
-        key: (ids[k], lps[k], tolist(top_v[k]) if top_v else None,
-              tolist(top_i[k]) if top_i else None)
-        for k, key in enumerate(entries)
-    }
+    per_entry = dict(zip(entries, sample_entries(scheduler, entry_reqs, logits, entry_positions)))
 
     results: list[RowResult | None] = []
     for r, row in enumerate(vpass.rows):
@@ -225,13 +212,31 @@ def _sample_rows(scheduler, vpass: VerifyPass, reqs, entries, logits):
     return results
 
 
-def sample_with_logprobs(scheduler, reqs, logits, positions: list[int], top_nums: list[int]):
-    """Deterministic rows' verifier tokens (a list) and the Sampler's output with their logprobs:
-    row i of `logits` [n, V] belongs to `reqs[i]`, its input token at `positions[i]`. Penalties,
-    grammar and logit_bias must already be applied (`verify_logits.apply`)."""
-    positions = to_device(positions, torch.int64, logits.device)
-    ids, out = _sample(scheduler, reqs, logits, positions, top_nums)
-    return ids.tolist(), out
+def sample_entries(scheduler, reqs, logits, positions: list[int]) -> list[tuple]:
+    """The verifier's (token, logprob, top logprob values, top logprob ids) of each row of
+    `logits` [n, V] float32 (modified in place): row i is `reqs[i]`'s entry whose input token is
+    at `positions[i]`. Penalties, grammar masks, logit_bias and custom processors are applied
+    first, as SGLang's model runner applies them before its Sampler; a pass's entries and an
+    inline step's rows are sampled here alike."""
+    verify_logits.apply(logits, reqs, [verify_logits.output_index(req, p)
+                                       for req, p in zip(reqs, positions)])
+    top_nums = [req.logprob.top_logprobs_num if req.return_logprob else 0 for req in reqs]
+    ids, out = _sample(scheduler, reqs, logits, to_device(positions, torch.int64, logits.device),
+                       top_nums)
+    ids, lps = ids.tolist(), out.next_token_logprobs.tolist()
+    top_v, top_i = out.next_token_top_logprobs_val, out.next_token_top_logprobs_idx
+    return [(ids[k], lps[k], tolist(top_v[k]) if top_v else None,
+             tolist(top_i[k]) if top_i else None) for k in range(len(reqs))]
+
+
+def put_logprobs(req, i: int, logprob: float, top_v, top_i) -> None:
+    """Output token i's client-visible logprob entries: the verifier's, over the fast path's."""
+    lp = req.logprob
+    put_entry(lp.output_token_logprobs_val, i, logprob)
+    put_entry(lp.output_token_logprobs_idx, i, req.output_ids[i])
+    if lp.top_logprobs_num > 0:
+        put_entry(lp.output_top_logprobs_val, i, top_v)
+        put_entry(lp.output_top_logprobs_idx, i, top_i)
 
 
 def put_entry(values: list, i: int, value) -> None:

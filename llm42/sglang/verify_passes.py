@@ -156,11 +156,8 @@ def apply_result(rt, sched, batch, req, res: verifier.RowResult) -> None:
 
 def _write_verified_logprobs(req, res, u: int, new_verified: int, window_start: int) -> None:
     """Client-visible logprobs of deterministic requests are the verifier's, never the fast path's."""
-    lp = req.logprob
+    top = req.logprob.top_logprobs_num > 0
     for i in range(u, new_verified):
         j = i - window_start - 1
-        verifier.put_entry(lp.output_token_logprobs_val, i, res.logprobs[j])
-        verifier.put_entry(lp.output_token_logprobs_idx, i, req.output_ids[i])
-        if lp.top_logprobs_num > 0:
-            verifier.put_entry(lp.output_top_logprobs_val, i, res.top_logprobs_val[j])
-            verifier.put_entry(lp.output_top_logprobs_idx, i, res.top_logprobs_idx[j])
+        verifier.put_logprobs(req, i, res.logprobs[j], res.top_logprobs_val[j] if top else None,
+                              res.top_logprobs_idx[j] if top else None)
