@@ -18,19 +18,33 @@ from benchmarks.gpu.install_llm42 import install
 
 def test_gpu_suite_dry_run_hands_the_driver_arguments_it_accepts(tmp_path):
     """The suite's shell plumbing (LLM42_ARGS variants, BENCH_CONFIGS, PREFILL_GRAPHS, TIMELINE,
-    ONLINE_RATE lists) checked
+    PROFILE_STEPS, ONLINE_RATE lists) checked
     without a GPU: its driver command lines must parse and give one server per variant (one
-    for those that differ only in pass scheduling)."""
+    for those that differ only in pass scheduling). A step's profiler traces come back in a
+    tarball of their own, not in the step's."""
+    import tarfile
+
     from benchmarks import driver
 
     suite = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "run_gpu_suite.sh"
     env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
            "RUN_DIR": str(tmp_path / "run"), "JIT_CACHE": str(tmp_path / "none.tar.gz"),
            "BENCH_CONFIGS": "nondet,llm42", "DET_RATIOS": "0.1", "PREFILL_GRAPHS": "1",
-           "TIMELINE": "1", "ONLINE_RATE": "16,24",
+           "TIMELINE": "1", "ONLINE_RATE": "16,24", "PROFILE_STEPS": "5",
            "LLM42_ARGS": ";--llm42-max-verify-wait 48;--no-llm42-batched-prefill"}
+    profile = tmp_path / "run" / "bench-sharegpt" / "profile_nondet_r0_sharegpt"
+    profile.mkdir(parents=True)
+    (profile / "nondet_r0-1.5-TP-0.trace.json.gz").write_bytes(b"trace")
+    (profile / "profile.md").write_text("# Step profile\n")
     subprocess.run(["bash", str(suite), "bench-sharegpt", "online"], env=env, check=True,
                    capture_output=True, timeout=120)
+    with tarfile.open(tmp_path / "out" / "bench-sharegpt.tar.gz") as tar:
+        assert "bench-sharegpt/profile_nondet_r0_sharegpt/profile.md" in tar.getnames()
+        assert not [n for n in tar.getnames() if n.endswith(".trace.json.gz")]
+    with tarfile.open(tmp_path / "out" / "bench-sharegpt-traces.tar.gz") as tar:
+        assert tar.getnames() == [
+            "bench-sharegpt/profile_nondet_r0_sharegpt/nondet_r0-1.5-TP-0.trace.json.gz"]
+    assert not (tmp_path / "out" / "online-traces.tar.gz").exists()
     argvs = [json.loads(line) for line in (tmp_path / "out" / "dry_run.jsonl").read_text()
              .splitlines()]
     drivers = [argv[2:] for argv in argvs if argv[:2] == ["-m", "benchmarks.driver"]]
@@ -40,6 +54,8 @@ def test_gpu_suite_dry_run_hands_the_driver_arguments_it_accepts(tmp_path):
         configs = driver.server_configs(args)
         assert "--cuda-graph-backend-prefill=disabled" not in args.server_args
         assert args.timeline
+        assert (args.profile_steps, args.profile_running) == (5, 200)
+        assert argv[argv.index("--profile-steps") + 1] == "5"
         llm42 = [c for c in configs if c.config == "llm42"]
         # the max-verify-wait variant differs only in when rows are verified: switched at
         # runtime on the first server (SWITCH_VARIANTS=1)

@@ -141,6 +141,12 @@
 #   PREFILL_GRAPHS=0 (1: keep SGLang's prefill CUDA graphs for every config)
 #   TIMELINE=0 (1: every server, baselines too, records a step timeline, summarized in
 #   STEP/timeline_LABEL/)
+#   PROFILE_STEPS=0 (N > 0: every benchmark run of a driver step takes one torch.profiler trace
+#   of N forward steps of its server, CPU + GPU with python stacks, once PROFILE_RUNNING=200
+#   requests run and none wait, summarized by benchmarks.step_profile in
+#   STEP/profile_LABEL_rRATIO_WORKLOAD/profile.md: GPU busy vs idle per step, host syncs and
+#   the python functions around them; STEP.tar.gz leaves the *.trace.json.gz out, they come
+#   back in $OUT/STEP-traces.tar.gz, one more file, when under 15 MiB in all. 5 is plenty)
 #   WARMUP_REQUESTS (unset: bench_serving's one warm-up request per run) N: N short warm-up
 #   requests of the run's own prompts (and one deterministic) before each timed run; the first run
 #   after a server start or window switch otherwise pays first-use warm-up (the SmolLM2 sweep's
@@ -218,6 +224,8 @@ EXTRA_SERVER_ARGS=${EXTRA_SERVER_ARGS:-}
 # prefills and the B x W verification pass (512 tokens, a captured size) then replay graphs.
 PREFILL_GRAPHS=${PREFILL_GRAPHS:-0}
 TIMELINE=${TIMELINE:-0}
+PROFILE_STEPS=${PROFILE_STEPS:-0}
+PROFILE_RUNNING=${PROFILE_RUNNING:-200}
 SWITCH_VARIANTS=${SWITCH_VARIANTS:-1}
 WARMUP_ARG=${WARMUP_REQUESTS:+ --warmup-requests $WARMUP_REQUESTS}
 PREFILL_GRAPH_ARG=--cuda-graph-backend-prefill=disabled
@@ -354,7 +362,20 @@ pack() {  # $1 = step name. The device returns at most 8 files: per call suite.l
   for f in "$dir"/table.md "$dir"/proof.md "$dir"/*/proof.md; do  # sub-runs' proofs too
     [[ -f $f ]] && { echo "## ${f#"$RUN_DIR"/}"; cat "$f"; echo; } >> "$OUT/tables.md"
   done
-  tar -czf "$OUT/$step.tar.gz" -C "$RUN_DIR" "$step" && log "packed $OUT/$step.tar.gz"
+  tar -czf "$OUT/$step.tar.gz" --exclude='*.trace.json.gz' -C "$RUN_DIR" "$step" \
+    && log "packed $OUT/$step.tar.gz"
+  local traces=() f bytes  # PROFILE_STEPS' raw traces: their own tarball, if small enough
+  while IFS= read -r -d '' f; do traces+=("${f#"$RUN_DIR"/}"); done \
+    < <(find "$dir" -name '*.trace.json.gz' -print0 | sort -z)
+  (( ${#traces[@]} )) || return 0
+  bytes=$(cd "$RUN_DIR" && du -cb "${traces[@]}" | tail -1 | cut -f1)
+  if (( bytes < 15 * 1024 * 1024 )); then
+    tar -czf "$OUT/$step-traces.tar.gz" -C "$RUN_DIR" "${traces[@]}" \
+      && log "packed $OUT/$step-traces.tar.gz (${#traces[@]} traces, $bytes bytes)"
+  else
+    log "left out ${#traces[@]} profiler traces ($bytes bytes in all, 15 MiB at most):"
+    (cd "$RUN_DIR" && du -h "${traces[@]}" | sed 's/^/  /')
+  fi
 }
 
 driver() {  # $1 = step name, $2 = model, $3 = configs, $4 = ratios, then driver args
@@ -363,6 +384,7 @@ driver() {  # $1 = step name, $2 = model, $3 = configs, $4 = ratios, then driver
   IFS=';' read -ra variants <<< "$LLM42_ARGS;"  # one llm42 server per ';'-separated variant
   for variant in "${variants[@]:-}"; do llm42_args+=("--llm42-args=$variant"); done
   [[ $TIMELINE == 1 ]] && llm42_args+=(--timeline)
+  (( PROFILE_STEPS > 0 )) && llm42_args+=(--profile-steps "$PROFILE_STEPS" --profile-running "$PROFILE_RUNNING")
   [[ $SWITCH_VARIANTS == 1 ]] && llm42_args+=(--switch-variants)
   budget=$(( $(remaining) - 20 ))  # leave time to pack the results
   if (( budget < MIN_CONFIG_S )); then log "step $step: skipped, only ${budget}s left"; return 1; fi
