@@ -213,7 +213,9 @@ _SCHEDULING_FLAGS = {"--llm42-max-verify-wait": ("max_verify_wait", int),
                      "--llm42-overlap-verify": ("overlap_verify", None),
                      "--no-llm42-overlap-verify": ("overlap_verify", None),
                      "--llm42-max-finish-wait": ("max_finish_wait", int),
-                     "--llm42-inline-pad-ratio": ("inline_pad_ratio", float)}
+                     "--llm42-inline-pad-ratio": ("inline_pad_ratio", float),
+                     "--llm42-inline-prefill": ("inline_prefill", None),
+                     "--no-llm42-inline-prefill": ("inline_prefill", None)}
 
 
 def scheduling_mode(llm42_args: str | None) -> tuple[str, dict]:

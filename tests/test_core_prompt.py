@@ -163,3 +163,19 @@ def test_a_prompt_decision_that_verifies_next_without_o1_verifies_o0():
     assert (state.num_verified_tokens, state.is_prompt_pending) == (1, False)
     with pytest.raises(InvariantError, match="only a verified prompt"):
         DetRequestState(rid="r", window_size=4, num_prompt_tokens=3, prompt_verifies_next=True)
+
+
+def test_a_prompt_verified_with_its_prefill_commits_o0_on_arrival():
+    """Inline prompt rows (`inline_prefill`): o_0 came from the verifier's logits, so prompt and
+    o_0 are verified when o_0 arrives; nothing else is, and only a pending prompt with o_0 alone
+    can be."""
+    state = prompt_state(4)
+    state.verify_prompt_on_arrival()
+    assert (state.num_verified_tokens, state.is_prompt_pending, state.is_ready) == (1, False, False)
+    state.append_candidates(1)
+    with pytest.raises(InvariantError, match="pending prompt and o_0 alone"):
+        state.verify_prompt_on_arrival()  # the prompt is no longer pending
+    ahead = prompt_state(4)
+    ahead.append_candidates(1)  # o_1 arrived first: a pass decides both
+    with pytest.raises(InvariantError, match="pending prompt and o_0 alone"):
+        ahead.verify_prompt_on_arrival()

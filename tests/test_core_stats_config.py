@@ -39,6 +39,10 @@ SNAPSHOT_KEYS = {
     "inline_declined_steps",
     "inline_launch_time_s",
     "inline_sample_time_s",
+    "inline_prefill_steps",
+    "inline_prefill_rows",
+    "inline_prefill_prompts",
+    "inline_prefill_time_s",
     "schedule_time_s",
     "batch_build_time_s",
     "steps_decode", "steps_prefill", "steps_det_prefill",
@@ -82,6 +86,9 @@ def test_stats_arithmetic() -> None:
     stats.observe_inline_token(True)
     stats.observe_inline_token(False)  # a miss: left to a pass
     stats.observe_inline_declined()
+    stats.observe_inline_prefill(rows=40, launch_seconds=0.5)
+    stats.observe_inline_prefill(rows=2, launch_seconds=0.25)
+    stats.observe_inline_prompt()
     stats.observe_step("decode", 0.125)
     stats.observe_step("decode", 0.25)
     stats.observe_step("det_prefill", 0.5)
@@ -116,6 +123,8 @@ def test_stats_arithmetic() -> None:
         "inline_steps": 1, "inline_verified_tokens": 2, "inline_misses": 1,
         "inline_declined_steps": 1,
         "inline_launch_time_s": 0.25, "inline_sample_time_s": 0.125,
+        "inline_prefill_steps": 2, "inline_prefill_rows": 42, "inline_prefill_prompts": 1,
+        "inline_prefill_time_s": 0.75,
         "schedule_time_s": 1.5,
         "batch_build_time_s": 0.25,
         "steps_decode": 2, "steps_prefill": 0, "steps_det_prefill": 1,

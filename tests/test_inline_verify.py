@@ -8,9 +8,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
 from llm42.core.stats import Llm42Stats
 from llm42.core.window import DetRequestState
-from llm42.sglang import inline_verify
+from llm42.sglang import inline_prefill, inline_verify
 from llm42.sglang.request_state import attach
 
 PROMPT = 5  # prompt tokens of every request here
@@ -25,14 +27,15 @@ def _req(exact_kv, det=True):
     return req
 
 
-def _batch(reqs, positions, mode="decode"):
+def _batch(reqs, positions, mode=ForwardMode.DECODE):
     return SimpleNamespace(reqs=reqs, seq_lens_cpu=torch.tensor([p + 1 for p in positions]),
-                           forward_mode=SimpleNamespace(is_decode=lambda: mode == "decode"))
+                           forward_mode=mode)
 
 
-def _rt(pad_ratio: float):
+def _rt(pad_ratio: float, inline_prefill: bool = True):
     return SimpleNamespace(inline_verify=True, row_pass_rows=ROWS, stats=Llm42Stats(),
-                           config=SimpleNamespace(inline_pad_ratio=pad_ratio))
+                           config=SimpleNamespace(inline_pad_ratio=pad_ratio,
+                                                  inline_prefill=inline_prefill))
 
 
 @pytest.fixture
@@ -76,18 +79,82 @@ def test_a_planned_step_that_never_ran_forgets_its_claims(rt, caplog):
     req = _req(3)
     inline_verify.plan_step(rt, _batch([req], [3]))
     assert req._llm42.exact_kv == 4
-    forward = SimpleNamespace(forward_mode=SimpleNamespace(is_decode=lambda: False), batch_size=1)
+    forward = SimpleNamespace(forward_mode=ForwardMode.EXTEND, batch_size=1)
     assert inline_verify.take_launch(forward) is None  # an extend forward ran instead
     assert req._llm42.exact_kv is None and inline_verify._LAUNCH is None
 
 
-def test_off_without_the_flag_or_outside_decode(rt):
+def test_off_without_the_flag_or_outside_decode_and_prefill(rt):
     req = _req(3)
     off = _rt(ROWS)
     off.inline_verify = False
     inline_verify.plan_step(off, _batch([req], [3]))
-    inline_verify.plan_step(rt, _batch([req], [3], mode="extend"))
+    inline_verify.plan_step(rt, _batch([req], [3], mode=ForwardMode.IDLE))
     assert inline_verify._LAUNCH is None and req._llm42.exact_kv == 3
+
+
+def _prompt_req(prompt_len: int, exact_kv=None, det=True, cached=0):
+    req = _req(exact_kv, det=det)
+    req.origin_input_ids = list(range(100, 100 + prompt_len))
+    req.full_untruncated_fill_ids = list(req.origin_input_ids)
+    if det:
+        req._llm42.det = DetRequestState("r", 8, prompt_len, verify_prompt=True)
+        req._llm42.det.use_cached_prompt(cached)
+    return req
+
+
+def _prefill(reqs, chunks, mode=ForwardMode.EXTEND):
+    """A prefill batch; chunks: (start, end) of each request's extend."""
+    return SimpleNamespace(reqs=reqs, forward_mode=mode, prefix_lens=[s for s, _ in chunks],
+                           extend_lens=[e - s for s, e in chunks])
+
+
+def test_a_prefill_runs_its_verified_prompts_rows_inline(rt):
+    """Rows of a prompt whose KV before its chunk is exact: its chunk's tokens at their
+    positions, o_0 predicted by the last one; a normal request and a deterministic one whose KV
+    before its chunk is the fast path's are left out, and the latter's mark is forgotten."""
+    fresh, normal, behind = _prompt_req(5), _prompt_req(3, det=False), _prompt_req(6, exact_kv=2)
+    inline_verify.plan_step(rt, _prefill([normal, fresh, behind], [(0, 3), (0, 5), (3, 6)]))
+    step = inline_verify._LAUNCH
+    assert isinstance(step, inline_prefill.PrefillStep)
+    assert [(p, t) for _, p, t in step.entries] == [(p, 100 + p) for p in range(5)]
+    assert [(i, k) for i, _, k in step.eligible] == [(1, 0)] and step.positions == {1: 4}
+    assert step.last_entries == [4] and [r for r, _, _ in step.claimed] == [fresh]
+    assert fresh._llm42.exact_kv == 5 and behind._llm42.exact_kv is None
+    forward = SimpleNamespace(forward_mode=ForwardMode.EXTEND, batch_size=3)
+    assert inline_verify.take_launch(forward) is step and inline_verify._LAUNCH is None
+
+
+def test_a_chunked_prompt_chains_its_chunks_and_only_the_last_predicts_o0(rt):
+    req = _prompt_req(7, cached=0)
+    inline_verify.plan_step(rt, _prefill([req], [(0, 4)]))
+    first = inline_verify._LAUNCH
+    assert len(first.entries) == 4 and first.eligible == [] and req._llm42.exact_kv == 4
+    inline_verify._LAUNCH = None
+    inline_verify.plan_step(rt, _prefill([req], [(4, 7)]))
+    last = inline_verify._LAUNCH
+    assert [p for _, p, _ in last.entries] == [4, 5, 6] and last.positions == {0: 6}
+    assert req._llm42.exact_kv == 7
+
+
+def test_a_verified_prefix_cache_match_starts_the_chain(rt):
+    req = _prompt_req(20, cached=16)
+    inline_verify.plan_step(rt, _prefill([req], [(16, 20)]))
+    assert [p for _, p, _ in inline_verify._LAUNCH.entries] == [16, 17, 18, 19]
+
+
+@pytest.mark.parametrize("case", ["flag off", "mixed batch", "o_0 exists", "not verified"])
+def test_prompts_go_to_passes_where_inline_rows_do_not_apply(case):
+    rt = _rt(ROWS, inline_prefill=case != "flag off")
+    inline_verify._LAUNCH = None
+    req = _prompt_req(5)
+    if case == "o_0 exists":
+        req._llm42.det.on_first_token()
+    if case == "not verified":
+        req._llm42.det.verify_prompt = False
+    mode = ForwardMode.MIXED if case == "mixed batch" else ForwardMode.EXTEND
+    inline_verify.plan_step(rt, _prefill([req], [(0, 5)], mode))
+    assert inline_verify._LAUNCH is None and req._llm42.exact_kv is None
 
 
 @pytest.mark.parametrize(("pad_ratio", "num_det", "inline"), [

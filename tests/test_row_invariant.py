@@ -21,10 +21,12 @@ from llm42.sglang import row_pass
 SAMPLINGS = [pytest.param({}, id="greedy"),
              pytest.param({"temperature": 0.8, "seed": 5, "sampling": {"top_p": 0.9}},
                           id="top_p-seeded")]
-# (W, B, --llm42-inline-pad-ratio) switched in after the server's own (8, 4, INLINE_ALWAYS);
-# ratio 0: only full steps of R rows are inline, so here every token is verified by a pass
-SHAPES = [(16, 32, 0.0), (3, 1, INLINE_ALWAYS := float(row_pass.ROWS_PER_FORWARD["cpu"])),
-          (64, 2, 1.0)]
+# (W, B, --llm42-inline-pad-ratio, --llm42-inline-prefill) switched in after the server's own
+# (8, 4, INLINE_ALWAYS, on); ratio 0: only full steps of R rows are inline, so here every output
+# token after o_0 is verified by a pass (and o_0 too without inline prompt rows)
+SHAPES = [(16, 32, 0.0, True), (16, 32, 0.0, False),
+          (3, 1, INLINE_ALWAYS := float(row_pass.ROWS_PER_FORWARD["cpu"]), False),
+          (64, 2, 1.0, True)]
 ROW_BUDGET = 2  # row_server's --llm42-max-pass-rows-per-step (row_server_apart: no budget)
 
 
@@ -39,14 +41,17 @@ def _row_args(window: int, batch: int, rate: float) -> list[str]:
 def row_server(tiny_model, tmp_path_factory):
     """W = 8, B = 4, the prefix cache (on by default under this verifier), 32-token prefill
     chunks, overlap loop, at most ROW_BUDGET rows verified per step (its step timeline
-    recorded), every decode step of at most R rows inline; W, B and the pad ratio
-    switchable."""
+    recorded), every decode step of at most R rows inline, prompts' rows inline with their
+    prefill; W, B, the pad ratio and inline prompt rows switchable. Every fast-path prefill's KV
+    is perturbed (`prefill_faults`: before inline prompt rows overwrite it, or with o_0 for a
+    prompt pass to repair), so a prompt whose KV the verifier did not rewrite diverges."""
     timeline = tmp_path_factory.mktemp("row-invariant-timeline")
     server = _start(tiny_model, _row_args(8, 4, 0.3) + [
         "--chunked-prefill-size", "32", "--llm42-benchmark-modes",
         "--llm42-inline-pad-ratio", str(INLINE_ALWAYS),
         "--llm42-max-pass-rows-per-step", str(ROW_BUDGET), "--llm42-timeline-dir",
-        str(timeline)], "row-invariant", tmp_path_factory)
+        str(timeline)], "row-invariant", tmp_path_factory,
+        env={"LLM42_TEST_PERTURB_PREFILL": "1"})
     yield server
     server.stop()
 
@@ -65,11 +70,15 @@ def row_server_apart(tiny_model, tmp_path_factory):
     server.stop()
 
 
-def _switch(url: str, window: int, batch: int, pad_ratio: float | None = None) -> None:
-    """W and B, and the pad ratio when given (the fixed-shape control's server keeps its own)."""
+def _switch(url: str, window: int, batch: int, pad_ratio: float | None = None,
+            inline_prefill: bool | None = None) -> None:
+    """W and B, and the pad ratio and inline prompt rows when given (the fixed-shape control's
+    server keeps its own)."""
     mode = {"window_size": window, "verify_batch_size": batch}
     if pad_ratio is not None:
         mode["inline_pad_ratio"] = pad_ratio
+    if inline_prefill is not None:
+        mode["inline_prefill"] = inline_prefill
     r = requests.post(url + "/llm42_benchmark_mode", timeout=60, json=mode)
     assert r.status_code == 200 and r.json()["verify_batch_size"] == batch, r.text
 
@@ -90,20 +99,23 @@ def test_outputs_depend_on_the_request_alone(row_server, row_server_apart, sampl
     url = row_server.url
     ref = _outputs(url, prompts, sampling)
     try:
-        for window, batch, pad_ratio in SHAPES:
+        for window, batch, pad_ratio, inline_prefill in SHAPES:
             before = llm42_stats(url)
-            _switch(url, window, batch, pad_ratio)
+            _switch(url, window, batch, pad_ratio, inline_prefill)
             got = [_outputs(url, [p], sampling)[0] for p in prompts]  # alone
-            assert_same(ref, got, f"alone at W {window}, B {batch}, pad ratio {pad_ratio}")
+            assert_same(ref, got, f"alone at W {window}, B {batch}, pad ratio {pad_ratio}, "
+                                  f"inline prompt rows {inline_prefill}")
             after = llm42_stats(url)
             # alone: 15 padding rows a step, more than 1.0 x 1 row: by passes
             declined = after["inline_declined_steps"] - before["inline_declined_steps"]
             assert (declined > 0) == (pad_ratio < 15)
+            inline_prompts = after["inline_prefill_prompts"] - before["inline_prefill_prompts"]
+            assert inline_prompts == (len(prompts) if inline_prefill else 0), inline_prompts
         loaded = concurrently([lambda: _outputs(url, prompts, sampling),
                                *background_requests(url, 12)])[0]
         assert_same(ref, loaded, "batched among normal traffic")
     finally:
-        _switch(url, 8, 4, INLINE_ALWAYS)
+        _switch(url, 8, 4, INLINE_ALWAYS, True)
     assert_same(ref, _outputs(row_server_apart.url, prompts, sampling),
                 "W 16, B 1, solo prefills, no prefix cache, other chunks, normal loop, NGRAM")
     stats = llm42_stats(url)
@@ -143,10 +155,15 @@ def test_a_row_budget_holds_jobs_back_and_changes_no_output(row_server, row_serv
     """Six deterministic requests in one batch: their prompts, then their windows, are ready in
     the same steps. row_server verifies at most ROW_BUDGET rows a step, so it holds jobs back
     to later steps (stats), and no step of its timeline verified more, except a prompt alone;
-    the outputs are bitwise those of row_server_apart, which has no budget."""
+    the outputs are bitwise those of row_server_apart, which has no budget. Passes only here
+    (no inline step or prompt row): the budget bounds passes."""
     url, prompts = row_server.url, PROMPTS[:6]
-    before = llm42_stats(url)
-    got = _outputs(url, prompts, {})
+    try:
+        _switch(url, 8, 4, 0.0, False)
+        before = llm42_stats(url)
+        got = _outputs(url, prompts, {})
+    finally:
+        _switch(url, 8, 4, INLINE_ALWAYS, True)
     assert_same(_outputs(row_server_apart.url, prompts, {}), got, "budget of 2 rows vs none")
     wait_idle_and_healthy(row_server)  # idle: the step timeline is flushed
     after = llm42_stats(url)
@@ -159,19 +176,30 @@ def test_a_row_budget_holds_jobs_back_and_changes_no_output(row_server, row_serv
     assert any(r["rows"] == ROW_BUDGET for r in steps), "the budget was never used in full"
 
 
-def test_a_request_alone_takes_one_pass_and_the_rest_is_verified_inline(row_server):
-    """Overlap loop: o_1's decode step is launched before the prompt pass, so it cannot be
-    inline. The prompt pass replays o_0 at position P and verifies o_1 with the prompt
-    (`prompt_verifies_next`); every later token is verified by its own decode step. One pass per
-    request, not a prompt pass and a catch-up pass."""
+@pytest.mark.parametrize("inline_prefill", [True, False])
+def test_a_request_alone_takes_no_pass_or_one(row_server, inline_prefill):
+    """Inline prompt rows: the prefill's forward verifies the prompt and o_0, and o_1's decode
+    step (launched before the prefill's result is processed) is inline, as is every later one:
+    no pass at all. Without them, o_1's step cannot be inline; the prompt pass replays o_0 at
+    position P and verifies o_1 with the prompt (`prompt_verifies_next`): one pass, not a prompt
+    pass and a catch-up pass."""
     url = row_server.url
     wait_idle_and_healthy(row_server)
-    before = llm42_stats(url)
-    ids, _, meta = generate(url, PROMPTS[5] + " Once more.", max_new_tokens=16, ignore_eos=True)
-    after = llm42_stats(url)
-    assert len(ids) == 16 and meta["llm42_verify_passes"] == 1, meta
+    try:
+        _switch(url, 8, 4, INLINE_ALWAYS, inline_prefill)
+        before = llm42_stats(url)
+        ids, _, meta = generate(url, PROMPTS[5] + f" Once more, {inline_prefill}.",
+                                max_new_tokens=16, ignore_eos=True)
+        after = llm42_stats(url)
+    finally:
+        _switch(url, 8, 4, INLINE_ALWAYS, True)
+    assert len(ids) == 16 and meta["llm42_verify_passes"] == (0 if inline_prefill else 1), meta
     inline = after["inline_verified_tokens"] - before["inline_verified_tokens"]
-    assert inline >= len(ids) - 2, (inline, meta)  # o_0 and o_1 by the prompt pass (or o_0 alone)
+    if inline_prefill:
+        assert inline == len(ids), (inline, meta)
+        assert after["inline_prefill_prompts"] == before["inline_prefill_prompts"] + 1
+    else:  # o_0 and o_1 by the prompt pass (or o_0 alone)
+        assert inline >= len(ids) - 2, (inline, meta)
     assert after["inline_misses"] == before["inline_misses"]
     wait_idle_and_healthy(row_server)
 
@@ -181,12 +209,12 @@ def test_a_rounds_rows_form_one_pass_whatever_b(row_server):
     (its entries packed into R-row forwards), not one pass per row as B says for fixed shapes."""
     url = row_server.url
     try:
-        _switch(url, 3, 1)
+        _switch(url, 3, 1, inline_prefill=False)  # prompt rows by a pass
         before = llm42_stats(url)
         generate(url, PROMPTS[4] + " A prompt no cache has seen.", max_new_tokens=4)
         after = llm42_stats(url)
     finally:
-        _switch(url, 8, 4)
+        _switch(url, 8, 4, inline_prefill=True)
     rows = after["verify_rows"] - before["verify_rows"]
     passes = after["verify_passes"] - before["verify_passes"]
     assert rows >= 5 and passes == 1, (rows, passes)

@@ -43,7 +43,11 @@
 #                              llama-3.2-1b shape; TP_DET_ALLREDUCE=1 adds SGLang's deterministic
 #                              all-reduce settings (NCCL_ALGO=allreduce:tree, no custom all-reduce)
 #   bench-WORKLOAD[-CONFIG]    driver run; WORKLOAD: sharegpt | arxiv | random1k (1024 in/256
-#                              out) | random4k (4096/1024) | mix (all of $WORKLOADS on each
+#                              out) | random4k (4096/1024) | decode256 ($DECODE_PROMPTS prompts
+#                              of 128 tokens, 512 out, all at once: a long decode phase at
+#                              $DECODE_PROMPTS rows whose ITL p50 is one decode step; det ratio 0
+#                              vs 1 on one llm42 server prices an inline step against a plain
+#                              one) | mix (all of $WORKLOADS on each
 #                              server start); CONFIG: nondet | nondet-defaults |
 #                              nondet-no-overlap | sglang-det | llm42 | llm42-skip-compare |
 #                              llm42-inject | llm42-no-overlap | llm42-batched-prefill | all
@@ -105,6 +109,7 @@
 #   DET_RATIOS=0.02,0.1,0.5,1.0 VARIANT_RATIOS=0.1,1.0 WORKLOADS=sharegpt,arxiv,random1k WINDOW=64 VERIFY_BS=8 INJECT_RATE=0.5 (SmolLM2's
 #   real weights rolled back 54 % of W = 64 windows on the H200: h200-2026-12-03-smollm2-batched-prefill/)
 #   SHAREGPT_PROMPTS=2048 ARXIV_PROMPTS=256 RANDOM1K_PROMPTS=1024 RANDOM4K_PROMPTS=256
+#   DECODE_PROMPTS=256
 #   PASS_TOKENS (unset: B = VERIFY_BS) N: B = N / W for each window of a comma-separated WINDOW,
 #   e.g. WINDOW=16,32,64 PASS_TOKENS=512 (W 16 B 32, W 32 B 16, W 64 B 8 on one server start
 #   with SWITCH_VARIANTS=1: B is switched at runtime too)
@@ -186,6 +191,7 @@ SHAREGPT_PROMPTS=${SHAREGPT_PROMPTS:-2048}
 ARXIV_PROMPTS=${ARXIV_PROMPTS:-256}
 RANDOM1K_PROMPTS=${RANDOM1K_PROMPTS:-1024}
 RANDOM4K_PROMPTS=${RANDOM4K_PROMPTS:-256}
+DECODE_PROMPTS=${DECODE_PROMPTS:-256}
 SWEEP_WINDOWS=${SWEEP_WINDOWS:-16,32,64,128}
 SWEEP_PROMPTS=${SWEEP_PROMPTS:-1024}
 SWEEP_CONFIGS=${SWEEP_CONFIGS:-nondet,llm42}
@@ -402,12 +408,13 @@ driver() {  # $1 = step name, $2 = model, $3 = configs, $4 = ratios, then driver
   return $code
 }
 
-workload_args() {  # $1 = sharegpt | arxiv | random1k | random4k: one --workload string
+workload_args() {  # $1 = sharegpt | arxiv | random1k | random4k | decode256: one --workload string
   case $1 in
     sharegpt) echo "--dataset-name sharegpt --dataset-path $SHAREGPT --num-prompts $SHAREGPT_PROMPTS" ;;
     arxiv)    arxiv_data; echo "--dataset-name arxiv --dataset-path $ARXIV --num-prompts $ARXIV_PROMPTS" ;;
     random1k) echo "--dataset-name random --random-input-len 1024 --random-output-len 256 --random-range-ratio 1.0 --num-prompts $RANDOM1K_PROMPTS" ;;
     random4k) echo "--dataset-name random --random-input-len 4096 --random-output-len 1024 --random-range-ratio 1.0 --num-prompts $RANDOM4K_PROMPTS" ;;
+    decode256) echo "--dataset-name random --random-input-len 128 --random-output-len 512 --random-range-ratio 1.0 --num-prompts $DECODE_PROMPTS" ;;
     *) log "unknown workload $1"; return 1 ;;
   esac
 }

@@ -160,12 +160,21 @@ class Llm42Config:
         "every row of the step, a pass costs one R-row forward per R verified tokens: at low "
         "load or a small deterministic share, passes are cheaper. 0: only full "
         "steps; a large value: every step of at most R rows. Outputs are the same either way.")
+    inline_prefill: bool = _setting(
+        True, "--llm42-inline-prefill",
+        "With inline verification: a prefill batch carrying a deterministic prompt whose KV "
+        "before its chunk is verified runs that chunk's row-invariant prompt rows in the same "
+        "forward, after SGLang's extend: they overwrite its KV with the verifier's, and SGLang "
+        "samples o_0 from the verifier's logits, so prompt and o_0 are verified as they arrive, "
+        "with no prompt pass and no drain of the overlap loop, and the request's first decode "
+        "step is inline too. --no-llm42-inline-prefill verifies prompts by passes. Outputs are "
+        "the same either way.")
     benchmark_modes: bool = _setting(
         False, "--llm42-benchmark-modes",
         "Benchmarking only: accept POST /llm42_benchmark_mode {\"skip_compare\": bool, "
         "\"inject_mismatch_rate\": float, \"window_size\": int, \"verify_batch_size\": int, "
         "\"max_verify_wait\": int or null, \"overlap_verify\": bool, \"max_finish_wait\": int or "
-        "null, \"inline_pad_ratio\": number} to "
+        "null, \"inline_pad_ratio\": number, \"inline_prefill\": bool} to "
         "switch those settings "
         "on the running server between benchmark runs (one server start for llm42, "
         "comparison-skipped and injected runs, a window sweep and a survey of the pass "
@@ -347,11 +356,11 @@ def setting_fields() -> list[Field]:
 
 # What POST /llm42_benchmark_mode may switch on a running server (--llm42-benchmark-modes).
 # max_verify_wait, overlap_verify and max_finish_wait change only when a row is verified, and
-# inline_pad_ratio only which forward verifies it, so a defaults survey runs them on one server
-# start too.
+# inline_pad_ratio and inline_prefill only which forward verifies it, so a defaults survey runs
+# them on one server start too.
 BENCHMARK_MODE_FIELDS = ("skip_compare", "inject_mismatch_rate", "window_size",
                          "verify_batch_size", "max_verify_wait", "overlap_verify",
-                         "max_finish_wait", "inline_pad_ratio")
+                         "max_finish_wait", "inline_pad_ratio", "inline_prefill")
 
 
 class ModeSwitchBusy(RuntimeError):
@@ -370,7 +379,7 @@ def parse_benchmark_mode(body) -> dict:
         raise ValueError(f"unknown field {unknown[0]!r}: only "
                          f"{', '.join(BENCHMARK_MODE_FIELDS)} can be switched at runtime")
     mode = {}
-    for name in ("skip_compare", "overlap_verify"):
+    for name in ("skip_compare", "overlap_verify", "inline_prefill"):
         if name in body:
             if not isinstance(body[name], bool):
                 raise ValueError(f"{name} must be true or false, got {body[name]!r}")

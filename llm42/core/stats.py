@@ -92,6 +92,13 @@ class Llm42Stats:
     # replay; the GPU runs on), and the verifier's sampling of their rows (waits for its kernels)
     inline_launch_time_s: float = 0.0
     inline_sample_time_s: float = 0.0
+    # prefills whose deterministic prompts ran their rows in the same forward (`inline_prefill`):
+    # those steps, the prompt rows they ran, the prompts (with o_0) verified on arrival and the
+    # host time of launching their rows
+    inline_prefill_steps: int = 0
+    inline_prefill_rows: int = 0
+    inline_prefill_prompts: int = 0
+    inline_prefill_time_s: float = 0.0
     # Time inside the scheduler's next-batch step, between the iterations the step profile
     # counts: verification passes, the results drained for them, SGLang building the batch.
     schedule_time_s: float = 0.0
@@ -160,6 +167,14 @@ class Llm42Stats:
     def observe_inline_sample(self, seconds: float) -> None:
         self.inline_sample_time_s += seconds
 
+    def observe_inline_prefill(self, rows: int, launch_seconds: float) -> None:
+        self.inline_prefill_steps += 1
+        self.inline_prefill_rows += rows
+        self.inline_prefill_time_s += launch_seconds
+
+    def observe_inline_prompt(self) -> None:
+        self.inline_prefill_prompts += 1
+
     def observe_inline_declined(self) -> None:
         self.inline_declined_steps += 1
 
@@ -203,6 +218,10 @@ class Llm42Stats:
             "inline_declined_steps": self.inline_declined_steps,
             "inline_launch_time_s": self.inline_launch_time_s,
             "inline_sample_time_s": self.inline_sample_time_s,
+            "inline_prefill_steps": self.inline_prefill_steps,
+            "inline_prefill_rows": self.inline_prefill_rows,
+            "inline_prefill_prompts": self.inline_prefill_prompts,
+            "inline_prefill_time_s": self.inline_prefill_time_s,
             "schedule_time_s": self.schedule_time_s,
             "batch_build_time_s": self.batch_build_time_s,
             **{f"steps_{k}": v for k, v in self.steps.items()},

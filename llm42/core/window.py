@@ -238,6 +238,19 @@ class DetRequestState:
         self._check_invariants()
         return released
 
+    def verify_prompt_on_arrival(self) -> None:
+        """o_0, the only output token, was sampled from the verifier's logits of a prompt whose
+        KV the same forward made exact (`--llm42-inline-verify`: the prompt's rows ran inline with
+        its prefill): prompt and o_0 are verified without a prompt pass."""
+        if not self.is_prompt_pending or self.num_output_tokens != 1:
+            raise InvariantError(
+                f"{self.rid}: verify_prompt_on_arrival() needs a pending prompt and o_0 alone, "
+                f"found verified={self.num_verified_tokens}, output={self.num_output_tokens}"
+            )
+        self.num_verified_tokens = 1
+        self.ready_since_step = None
+        self._check_invariants()
+
     def rollback_unverified(self) -> int:
         """Drop all candidates [u, n) (abort); return how many were dropped.
 

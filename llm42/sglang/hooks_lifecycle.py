@@ -178,10 +178,17 @@ def _sync_new_tokens(state: DetRequestState, req) -> None:
     if state.num_output_tokens == 0:
         state.on_first_token()  # verified: solo prefill; a candidate: prompt pass pending
         num_new -= 1
-        if state.verify_prompt and prefill_faults.enabled():
+        if state.verify_prompt and prefill_faults.enabled() and not _prompt_inline(req):
             prefill_faults.perturb(runtime.RUNTIME.scheduler, req, state.num_cached_prompt_tokens)
     if num_new:
         state.append_candidates(num_new)
+
+
+def _prompt_inline(req) -> bool:
+    """Its prompt's rows ran inline with its prefill (`inline_prefill`): its prompt KV is the
+    verifier's already (a test fault perturbed the fast path's before the rows replaced it)."""
+    exact = of(req).exact_kv
+    return exact is not None and exact >= len(req.origin_input_ids)
 
 
 def reset_for_retract_hook(result, req, *args, **kwargs):

@@ -22,14 +22,25 @@ def decode_result_hook(original, processor, batch, result):
     (`inline_verify`) before SGLang appends the step's tokens; count decode steps (how long full
     windows wait)."""
     rt = runtime.RUNTIME
+    _sample_inline(rt, result)
+    original(processor, batch, result)
+    if rt is not None:
+        rt.decode_step += 1
+
+
+def prefill_result_hook(original, processor, batch, result):
+    """AROUND process_batch_result_prefill: the verifier's o_0 of each prompt whose rows ran
+    inline with this prefill (`inline_prefill`), before SGLang appends o_0."""
+    _sample_inline(runtime.RUNTIME, result)
+    return original(processor, batch, result)
+
+
+def _sample_inline(rt, result) -> None:
     step = getattr(getattr(result, "logits_output", None), "llm42_inline", None)
     if rt is not None and step is not None:
         if result.copy_done is not None:
             result.copy_done.synchronize()  # the step's logits are on the forward stream
         inline_verify.sample_step(rt, step)
-    original(processor, batch, result)
-    if rt is not None:
-        rt.decode_step += 1
 
 
 def next_batch_hook(original, scheduler, running_batch, last_batch):

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from llm42.sglang import fp32_logits, row_pass, runtime, verifier
+from llm42.sglang import fp32_logits, inline_prefill, prefix_cache, row_pass, runtime, verifier
 from llm42.sglang.request_state import det_state, of
 
 if TYPE_CHECKING:
@@ -55,8 +55,16 @@ class InlineStep:
     eligible: list[tuple[int, object, int]]  # (row, request, output index its logits predict)
     logits: torch.Tensor | None = None  # [len(eligible), vocab] fp32, copied at the forward
 
+    @property
+    def claimed(self) -> list:
+        """(request, start, end) of the KV this step claims exact."""
+        return [(req, self.positions[i], self.positions[i] + 1) for i, req, _ in self.eligible]
 
-_LAUNCH: InlineStep | None = None  # planned for the decode forward about to run
+
+_Step = InlineStep | inline_prefill.PrefillStep
+
+
+_LAUNCH: _Step | None = None  # planned for the forward about to run
 
 
 def active(rt) -> bool:
@@ -82,11 +90,16 @@ def num_chained(reqs) -> int:
 def plan_step(rt, batch) -> None:
     """After SGLang built `batch`: plan it as an inline step if it is a decode batch worth it
     (`worth_inline`) with an eligible deterministic row, and move each deterministic row's
-    exact KV."""
+    exact KV; a prefill batch runs its deterministic prompts' rows inline (`inline_prefill`)."""
     global _LAUNCH
     if _LAUNCH is not None:  # planned but never run: its claims do not hold
         _abandon(_LAUNCH)
-    if not active(rt) or batch is None or not batch.reqs or not batch.forward_mode.is_decode():
+    if not active(rt) or batch is None or not batch.reqs:
+        return
+    if batch.forward_mode.is_extend():
+        _LAUNCH = inline_prefill.plan(rt, batch)
+        return
+    if not batch.forward_mode.is_decode():
         return
     num_det = num_chained(batch.reqs)
     inline = worth_inline(rt, len(batch.reqs), num_det)
@@ -107,33 +120,40 @@ def plan_step(rt, batch) -> None:
         _LAUNCH = InlineStep(batch, list(batch.reqs), positions, eligible)
 
 
-def _abandon(step: InlineStep) -> None:
+def _abandon(step: _Step) -> None:
     global _LAUNCH
     _LAUNCH = None
-    logger.warning("llm42: an inline decode step was planned but ran otherwise; its "
+    logger.warning("llm42: an inline step was planned but ran otherwise; its "
                    "requests are verified by passes")
-    for _, req, _ in step.eligible:
+    for req, _, _ in step.claimed:
         fields = of(req)
         if fields is not None:
             fields.exact_kv = None
 
 
 def model_forward_hook(original, model_runner, forward_batch, *args, **kwargs):
-    """AROUND ModelRunner.forward: a decode step planned inline runs as a row pass (its inner
-    forward comes back here in pass mode); every forward then takes the fp32 logits hook."""
+    """AROUND ModelRunner.forward: a decode step planned inline runs as a row pass, a prefill
+    planned inline runs its prompt rows after SGLang's extend (their inner forwards come back
+    here in pass mode); every forward then takes the fp32 logits hook."""
     step = take_launch(forward_batch)
+    if isinstance(step, inline_prefill.PrefillStep):
+        return inline_prefill.run_forward(step, original, model_runner, forward_batch, *args,
+                                          **kwargs)
     if step is not None:
         return run_forward(step, forward_batch)
     return fp32_logits.model_forward_hook(original, model_runner, forward_batch, *args, **kwargs)
 
 
-def take_launch(forward_batch) -> InlineStep | None:
+def take_launch(forward_batch) -> _Step | None:
     """The inline step planned for this forward (None: a normal forward)."""
     global _LAUNCH
     step = _LAUNCH
     if step is None or runtime.IN_VERIFY_PASS:
         return None
-    if not forward_batch.forward_mode.is_decode() or forward_batch.batch_size != len(step.reqs):
+    mode = forward_batch.forward_mode
+    kind_ok = (mode.is_extend() if isinstance(step, inline_prefill.PrefillStep)
+               else mode.is_decode())
+    if not kind_ok or forward_batch.batch_size != len(step.reqs):
         _abandon(step)
         return None
     _LAUNCH = None
@@ -162,7 +182,7 @@ def run_forward(step: InlineStep, forward_batch):
     return ModelRunnerOutput(logits_output=out, can_run_graph=graphed)
 
 
-def sample_step(rt, step: InlineStep) -> None:
+def sample_step(rt, step: _Step) -> None:
     """Before SGLang processes the step: the verifier's token for each eligible row whose
     request still waits for exactly that token (`Llm42Req.inline_result`)."""
     started = time.perf_counter()
@@ -172,7 +192,7 @@ def sample_step(rt, step: InlineStep) -> None:
         rt.stats.observe_inline_sample(time.perf_counter() - started)
 
 
-def _sample_step(rt, step: InlineStep) -> None:
+def _sample_step(rt, step: _Step) -> None:
     keep = []
     for j, (_, req, k) in enumerate(step.eligible):
         state = det_state(req)
@@ -207,7 +227,13 @@ def on_token(rt, req, state) -> None:
     rt.stats.observe_inline_token(verified)
     if not verified:
         return
-    state.verify_on_arrival()  # no finish can be deferred: it had no candidate before
+    if state.is_prompt_pending:  # o_0 of an inline prefill: its prompt KV is exact too
+        state.verify_prompt_on_arrival()
+        rt.stats.observe_inline_prompt()
+        if prefix_cache.uses_cache(req):
+            prefix_cache.publish_prompt(rt.scheduler, req)
+    else:
+        state.verify_on_arrival()  # no finish can be deferred: it had no candidate before
     if req.return_logprob:
         if fields.inline_logprobs is None:
             fields.inline_logprobs = {}
