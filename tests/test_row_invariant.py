@@ -111,6 +111,9 @@ def test_outputs_depend_on_the_request_alone(row_server, row_server_apart, sampl
             assert (declined > 0) == (pad_ratio < 15)
             inline_prompts = after["inline_prefill_prompts"] - before["inline_prefill_prompts"]
             assert inline_prompts == (len(prompts) if inline_prefill else 0), inline_prompts
+            # a prompt alone in its prefill: its rows are the whole forward, no extend
+            rows_only = after["inline_prefill_rows_only"] - before["inline_prefill_rows_only"]
+            assert (rows_only >= len(prompts)) == inline_prefill, rows_only
         loaded = concurrently([lambda: _outputs(url, prompts, sampling),
                                *background_requests(url, 12)])[0]
         assert_same(ref, loaded, "batched among normal traffic")

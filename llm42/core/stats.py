@@ -99,6 +99,8 @@ class Llm42Stats:
     inline_prefill_rows: int = 0
     inline_prefill_prompts: int = 0
     inline_prefill_time_s: float = 0.0
+    inline_prefill_rows_only: int = 0  # of those steps, ones whose every row was such a prompt's:
+    # SGLang's extend skipped (the rows write all its KV)
     # Time inside the scheduler's next-batch step, between the iterations the step profile
     # counts: verification passes, the results drained for them, SGLang building the batch.
     schedule_time_s: float = 0.0
@@ -167,8 +169,10 @@ class Llm42Stats:
     def observe_inline_sample(self, seconds: float) -> None:
         self.inline_sample_time_s += seconds
 
-    def observe_inline_prefill(self, rows: int, launch_seconds: float) -> None:
+    def observe_inline_prefill(self, rows: int, launch_seconds: float,
+                               rows_only: bool = False) -> None:
         self.inline_prefill_steps += 1
+        self.inline_prefill_rows_only += int(rows_only)
         self.inline_prefill_rows += rows
         self.inline_prefill_time_s += launch_seconds
 
@@ -222,6 +226,7 @@ class Llm42Stats:
             "inline_prefill_rows": self.inline_prefill_rows,
             "inline_prefill_prompts": self.inline_prefill_prompts,
             "inline_prefill_time_s": self.inline_prefill_time_s,
+            "inline_prefill_rows_only": self.inline_prefill_rows_only,
             "schedule_time_s": self.schedule_time_s,
             "batch_build_time_s": self.batch_build_time_s,
             **{f"steps_{k}": v for k, v in self.steps.items()},

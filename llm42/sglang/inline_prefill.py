@@ -53,6 +53,8 @@ class PrefillStep:
     eligible: list[tuple[int, object, int]] = field(default_factory=list)
     positions: dict[int, int] = field(default_factory=dict)  # batch row -> its last entry's position
     last_entries: list[int] = field(default_factory=list)  # entry index of each eligible row
+    # entry index of the last token of each batch row's chunk (claimed rows only)
+    row_last: dict[int, int] = field(default_factory=dict)
     logits: torch.Tensor | None = None  # [len(eligible), vocab] fp32, copied at the forward
 
 
@@ -82,6 +84,7 @@ def plan(rt, batch) -> PrefillStep | None:
         tokens = req.full_untruncated_fill_ids[start:end]
         step.entries += [(req, p, t) for p, t in zip(range(start, end), tokens)]
         step.claimed.append((req, start, end))
+        step.row_last[i] = len(step.entries) - 1
         fields.exact_kv = end
         if end == len(req.origin_input_ids):  # the last chunk: its last row predicts o_0
             step.eligible.append((i, req, 0))
@@ -90,36 +93,78 @@ def plan(rt, batch) -> PrefillStep | None:
     return step if step.entries else None
 
 
+def rows_only(step: PrefillStep, forward_batch) -> bool:
+    """Every request of the prefill runs its whole chunk as rows and nothing but next-token
+    logits is asked of the forward (no prompt logprobs, no hidden states; output logprobs come
+    from the sampler): SGLang's extend would only compute KV the rows overwrite."""
+    mode = forward_batch.capture_hidden_mode
+    if len(step.row_last) != len(step.reqs) or (mode is not None and mode.need_capture()):
+        return False
+    if not forward_batch.return_logprob:
+        return True
+    starts, lens = forward_batch.extend_logprob_start_lens_cpu, forward_batch.extend_seq_lens_cpu
+    return starts is not None and lens is not None and all(
+        s >= n for s, n in zip(starts, lens, strict=True))
+
+
 def run_forward(step: PrefillStep, original, model_runner, forward_batch, *args, **kwargs):
-    """SGLang's extend, then the step's entries as row-pass forwards; o_0's logits of each
-    eligible request replaced by the verifier's."""
-    out = fp32_logits.model_forward_hook(original, model_runner, forward_batch, *args, **kwargs)
+    """SGLang's extend (unless `rows_only`), then the step's entries as row-pass forwards; o_0's
+    logits of each eligible request replaced by the verifier's."""
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+    from sglang.srt.model_executor.model_runner import ModelRunnerOutput
+
+    out = None
+    if not rows_only(step, forward_batch):
+        out = fp32_logits.model_forward_hook(original, model_runner, forward_batch, *args,
+                                             **kwargs)
     rt = runtime.RUNTIME
     started = time.perf_counter()
-    if prefill_faults.enabled():  # tests: the fast path's KV differs; the rows must replace it
-        for req, start, end in step.claimed:
+    if prefill_faults.enabled() and out is not None:  # tests: the rows must replace the
+        for req, start, end in step.claimed:  # fast path's KV
             prefill_faults.perturb_kv(rt.scheduler, req, start, end)
+    # the logits kept: each eligible row's o_0 (the verifier's), then, without the extend, the
+    # last token's of every row (what SGLang samples from, a mid-prompt chunk's token unused)
+    kept = step.last_entries + ([] if out is not None else
+                                [step.row_last[i] for i in range(len(step.reqs))])
+    logits = _run_rows(rt, step.batch, step.entries, kept, forward_batch.input_ids.device)
+    rt.stats.observe_inline_prefill(len(step.entries), time.perf_counter() - started,
+                                    rows_only=out is None)
+    num_eligible = len(step.last_entries)
+    if num_eligible:
+        step.logits = logits[:num_eligible]
+    if out is None:
+        logits_output = LogitsProcessorOutput(next_token_logits=logits[num_eligible:])
+        out = ModelRunnerOutput(logits_output=logits_output, can_run_graph=False)
+    elif num_eligible:
+        logits_output = out.logits_output
+        merged = logits_output.next_token_logits.to(torch.float32, copy=True)
+        index = verifier.to_device([i for i, _, _ in step.eligible], torch.int64, merged.device)
+        merged.index_copy_(0, index, step.logits)
+        logits_output.next_token_logits = merged
+    if num_eligible:
+        out.logits_output.llm42_inline = step
+    return out
+
+
+def _run_rows(rt, batch, entries: list, kept: list[int], device) -> torch.Tensor | None:
+    """`entries` as row-pass forwards of R rows; the fp32 logits of the entries at `kept`, in
+    that order (None when none)."""
     rows = rt.row_pass_rows
-    device = forward_batch.input_ids.device
-    picked = []
-    for start in range(0, len(step.entries), rows):
-        chunk = step.entries[start : start + rows]
+    picked, order = [], []
+    for start in range(0, len(entries), rows):
+        chunk = entries[start : start + rows]
         ids = [t for _, _, t in chunk] + [0] * (rows - len(chunk))
         logits, _ = row_pass.forward_rows(
-            rt.scheduler, step.batch, [req for req, _, _ in chunk],
-            [pos for _, pos, _ in chunk], rows, verifier.to_device(ids, torch.int64, device))
-        wanted = [i - start for i in step.last_entries if start <= i < start + len(chunk)]
+            rt.scheduler, batch, [req for req, _, _ in chunk], [pos for _, pos, _ in chunk],
+            rows, verifier.to_device(ids, torch.int64, device))
+        wanted = sorted({i for i in kept if start <= i < start + len(chunk)})
         if wanted:  # copied before the next forward replays over the graph's output buffer
-            index = verifier.to_device(wanted, torch.int64, device)
+            index = verifier.to_device([i - start for i in wanted], torch.int64, device)
             picked.append(logits.index_select(0, index).float())
-    rt.stats.observe_inline_prefill(len(step.entries), time.perf_counter() - started)
+            order += wanted
     if not picked:
-        return out
-    step.logits = torch.cat(picked)
-    logits_output = out.logits_output
-    merged = logits_output.next_token_logits.to(torch.float32, copy=True)
-    index = verifier.to_device([i for i, _, _ in step.eligible], torch.int64, device)
-    merged.index_copy_(0, index, step.logits)
-    logits_output.next_token_logits = merged
-    logits_output.llm42_inline = step
-    return out
+        return None
+    found = torch.cat(picked)
+    position = {entry: j for j, entry in enumerate(order)}
+    return found.index_select(0, verifier.to_device([position[i] for i in kept], torch.int64,
+                                                     device))
