@@ -184,3 +184,20 @@ def test_a_step_runs_inline_only_where_its_padding_is_worth_it(pad_ratio, num_de
     assert inline_verify.worth_inline(full, ROWS, 1) and not inline_verify.worth_inline(full, 3, 3)
     assert not inline_verify.worth_inline(_rt(100.0), ROWS + 1, ROWS + 1)
     assert not inline_verify.worth_inline(_rt(100.0), 1, 0)
+
+
+def test_a_rolled_back_request_runs_inline_whatever_the_padding(rt):
+    """A lone request (R - 1 padding rows) decodes as usual until a pass rolls one of its
+    windows back: from then on its steps are inline, and its partial window is caught up."""
+    thin = _rt(0.0)
+    req, normal = _req(7), _req(None, det=False)
+    inline_verify.plan_step(thin, _batch([req, normal], [7, 3]))
+    assert inline_verify._LAUNCH is None and thin.stats.inline_declined_steps == 1
+    assert inline_verify.num_chained([req, normal]) == (1, False)
+    req._llm42.rolled_back = True
+    req._llm42.exact_kv = 7
+    assert inline_verify.num_chained([req, normal]) == (1, True)
+    inline_verify.plan_step(thin, _batch([req, normal], [7, 3]))
+    assert inline_verify._LAUNCH is not None and req._llm42.exact_kv == 8
+    inline_verify._LAUNCH = None
+    assert not inline_verify.worth_inline(thin, ROWS + 1, ROWS + 1, rolled_back=True)

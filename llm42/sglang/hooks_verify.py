@@ -38,9 +38,10 @@ def prefill_result_hook(original, processor, batch, result):
 def _sample_inline(rt, result) -> None:
     step = getattr(getattr(result, "logits_output", None), "llm42_inline", None)
     if rt is not None and step is not None:
-        if result.copy_done is not None:
+        ready = result.copy_done is not None
+        if ready:
             result.copy_done.synchronize()  # the step's logits are on the forward stream
-        inline_verify.sample_step(rt, step)
+        inline_verify.sample_step(rt, step, logits_ready=ready)
 
 
 def next_batch_hook(original, scheduler, running_batch, last_batch):
@@ -114,12 +115,13 @@ def verify_due(rt, scheduler, batch) -> None:
     capped = cfg.max_passes_per_step or cfg.max_pass_rows_per_step is not None
     while not (touched and capped):  # under a pass or row cap: one round per step
         num_running = len(batch.reqs)
-        num_det = inline_verify.num_chained(batch.reqs) if inline_verify.active(rt) else 0
+        num_det, rolled_back = (inline_verify.num_chained(batch.reqs)
+                                if inline_verify.active(rt) else (0, False))
         ready, urgent = [], []
         for r in batch.reqs:
             if (st := det_state(r)) is None or r.finished():
                 continue
-            catch_up = inline_verify.catching_up(rt, r, st, num_running, num_det)
+            catch_up = inline_verify.catching_up(rt, r, st, num_running, num_det, rolled_back)
             if st.is_ready or catch_up:
                 ready.append(r)
                 urgent.append(catch_up)

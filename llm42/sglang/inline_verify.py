@@ -71,20 +71,27 @@ def active(rt) -> bool:
     return bool(getattr(rt, "inline_verify", False))
 
 
-def worth_inline(rt, num_rows: int, num_det_rows: int) -> bool:
+def worth_inline(rt, num_rows: int, num_det_rows: int, rolled_back: bool = False) -> bool:
     """Whether a decode step of `num_rows` rows, `num_det_rows` of them deterministic, runs as an
     R-row forward: its R - N padding rows slow every row of the step, where passes would verify
-    those deterministic rows at one R-row forward per R tokens (`--llm42-inline-pad-ratio`)."""
+    those deterministic rows at one R-row forward per R tokens (`--llm42-inline-pad-ratio`).
+    Whatever the padding when one of them was `rolled_back`: passes cost that request a window
+    per mismatch (a lone request whose windows keep rolling back would crawl)."""
     rows = rt.row_pass_rows
     return (num_det_rows > 0 and num_rows <= rows
-            and rows - num_rows <= rt.config.inline_pad_ratio * num_det_rows)
+            and (rolled_back or rows - num_rows <= rt.config.inline_pad_ratio * num_det_rows))
 
 
-def num_chained(reqs) -> int:
+def num_chained(reqs) -> tuple[int, bool]:
     """Deterministic requests among `reqs` whose tokens an inline step can verify (a verified
-    prompt: their KV can become the verifier's)."""
-    return sum(1 for req in reqs if (state := det_state(req)) is not None and state.verify_prompt
-               and not req.finished())
+    prompt: their KV can become the verifier's), and whether one of them was rolled back."""
+    num, rolled = 0, False
+    for req in reqs:
+        state = det_state(req)
+        if state is not None and state.verify_prompt and not req.finished():
+            num += 1
+            rolled = rolled or of(req).rolled_back
+    return num, rolled
 
 
 def plan_step(rt, batch) -> None:
@@ -101,8 +108,8 @@ def plan_step(rt, batch) -> None:
         return
     if not batch.forward_mode.is_decode():
         return
-    num_det = num_chained(batch.reqs)
-    inline = worth_inline(rt, len(batch.reqs), num_det)
+    num_det, rolled_back = num_chained(batch.reqs)
+    inline = worth_inline(rt, len(batch.reqs), num_det, rolled_back)
     if num_det and not inline:
         rt.stats.observe_inline_declined()
     positions = [int(s) - 1 for s in batch.seq_lens_cpu.tolist()]
@@ -182,14 +189,38 @@ def run_forward(step: InlineStep, forward_batch):
     return ModelRunnerOutput(logits_output=out, can_run_graph=graphed)
 
 
-def sample_step(rt, step: _Step) -> None:
+def sample_step(rt, step: _Step, logits_ready: bool = False) -> None:
     """Before SGLang processes the step: the verifier's token for each eligible row whose
-    request still waits for exactly that token (`Llm42Req.inline_result`)."""
+    request still waits for exactly that token (`Llm42Req.inline_result`).
+
+    On CUDA its kernels run on a stream of their own. The overlap loop processes this step's
+    result after launching the next forward, and fences the scheduler's stream behind that
+    forward (SGLang's WAR barrier): sampled there, the verifier's tokens would reach the host
+    only once the next forward ended, and the loop could not launch the one after it meanwhile.
+    `logits_ready`: the host already waited for the step's forward (its copy-done event)."""
     started = time.perf_counter()
     try:
-        _sample_step(rt, step)
+        with _sampling_stream(step, logits_ready):
+            _sample_step(rt, step)
     finally:
         rt.stats.observe_inline_sample(time.perf_counter() - started)
+
+
+_STREAMS: dict = {}  # device -> the side stream inline steps sample on
+
+
+def _sampling_stream(step: _Step, logits_ready: bool):
+    import contextlib
+
+    logits = step.logits
+    if logits is None or logits.device.type != "cuda":
+        return contextlib.nullcontext()
+    stream = _STREAMS.get(logits.device)
+    if stream is None:
+        stream = _STREAMS[logits.device] = torch.cuda.Stream(device=logits.device)
+    if not logits_ready:  # SGLang's normal loop: nothing is queued behind the step
+        stream.wait_stream(torch.cuda.current_stream(logits.device))
+    return torch.cuda.stream(stream)
 
 
 def _sample_step(rt, step: _Step) -> None:
@@ -260,12 +291,14 @@ def after_decision(rt, req, state) -> None:
         of(req).exact_kv = len(req.origin_input_ids) + state.num_verified_tokens - 1
 
 
-def catching_up(rt, req, state, num_running: int, num_det: int) -> bool:
+def catching_up(rt, req, state, num_running: int, num_det: int,
+                rolled_back: bool = False) -> bool:
     """Verify `req`'s candidates now, partial window or not: afterwards its next step (in a
     batch of `num_running` rows, `num_det` of them chained, if that is worth inline) verifies
     its rows inline again. Not worth it: its windows wait for passes as usual."""
     return (active(rt) and state.verify_prompt and not state.is_prompt_pending
-            and state.num_candidate_tokens > 0 and worth_inline(rt, num_running, num_det))
+            and state.num_candidate_tokens > 0
+            and worth_inline(rt, num_running, num_det, rolled_back))
 
 
 def forget(req) -> None:

@@ -48,6 +48,10 @@ class Llm42Req:
     # Deterministic, --llm42-inline-verify: output index -> (logprob, top values, top ids) of
     # tokens verified on arrival, written over the fast path's before they are streamed.
     inline_logprobs: dict | None = None
+    # Deterministic, --llm42-inline-verify: a pass rolled back one of its windows. Its fast-path
+    # tokens do not survive verification here, so its steps run inline whatever their padding
+    # (`inline_verify.worth_inline`): passes would throw a window away per mismatch.
+    rolled_back: bool = False
 
 
 def of(req) -> Llm42Req | None:

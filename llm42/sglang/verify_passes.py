@@ -22,7 +22,7 @@ from llm42.sglang import (
     tp_share,
     verifier,
 )
-from llm42.sglang.request_state import det_state
+from llm42.sglang.request_state import det_state, of
 
 logger = logging.getLogger(__name__)
 
@@ -130,6 +130,7 @@ def apply_result(rt, sched, batch, req, res: verifier.RowResult) -> None:
                           rt.config.skip_compare)
     decision = rank_faults.split_decision(decision, rt.vocab_size)  # tests only
     if decision.is_rollback:
+        of(req).rolled_back = True  # inline from now on where it can be (`worth_inline`)
         kv_rollback.replace_tail(
             sched, req, decision.mismatch_index, decision.corrected_token_id, batch
         )
