@@ -207,6 +207,29 @@ def test_a_request_alone_takes_no_pass_or_one(row_server, inline_prefill):
     wait_idle_and_healthy(row_server)
 
 
+def test_inline_rows_whose_logits_are_adjusted_are_sampled_again(row_server):
+    """A frequency penalty and a logit bias change a deterministic row's logits before the
+    Sampler, so an inline step's token is not the verifier's by construction: the verifier
+    samples it again with them replayed, and it must agree (no miss). Inline (steps and prompt
+    rows) and passes only give the same bits on one server."""
+    url = row_server.url
+    prompts = [PROMPTS[1], PROMPTS[2] + " Again."]
+    sampling = {"temperature": 0.7, "seed": 3,
+                "sampling": {"frequency_penalty": 0.6, "logit_bias": {"11": 2.5}}}
+    before = llm42_stats(url)
+    inline = _outputs(url, prompts, sampling)
+    after = llm42_stats(url)
+    try:
+        _switch(url, 8, 4, 0.0, False)  # passes only: no inline step or prompt row
+        passes = _outputs(url, prompts, sampling)
+    finally:
+        _switch(url, 8, 4, INLINE_ALWAYS, True)
+    assert_same(passes, inline, "penalty and bias, inline vs passes only")
+    assert after["inline_verified_tokens"] > before["inline_verified_tokens"], after
+    assert after["inline_misses"] == before["inline_misses"], after
+    wait_idle_and_healthy(row_server)
+
+
 def test_a_rounds_rows_form_one_pass_whatever_b(row_server):
     """B = 1, W = 3: a new prompt's job is many 3-token rows, and they are verified in one pass
     (its entries packed into R-row forwards), not one pass per row as B says for fixed shapes."""

@@ -36,7 +36,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from llm42.sglang import fp32_logits, inline_prefill, prefix_cache, row_pass, runtime, verifier
+from llm42.sglang import (
+    fp32_logits,
+    inline_prefill,
+    prefix_cache,
+    row_pass,
+    runtime,
+    verifier,
+    verify_logits,
+)
 from llm42.sglang.request_state import det_state, of
 
 if TYPE_CHECKING:
@@ -230,17 +238,32 @@ def _sample_step(rt, step: _Step) -> None:
         if (state is not None and not req.finished() and len(req.output_ids) == k
                 and state.num_verified_tokens == k):
             keep.append((j, req, k))
-    if not keep:
+    # SGLang samples these rows from the verifier's logits, with the Sampler the verifier uses
+    # (per-row kinds and seeds, `group_sampling`): where nothing is added to the logits before
+    # it, its token and logprobs are the verifier's by construction (`BY_CONSTRUCTION`); the
+    # rest are sampled again with their penalties, grammar, bias or processor replayed
+    checked = []
+    for j, req, k in keep:
+        if verify_logits.adjusts(req):
+            checked.append((j, req, k))
+        else:
+            of(req).inline_result = (k, BY_CONSTRUCTION, None, None, None)
+    if not checked:
         return
     logits = step.logits
-    if len(keep) < len(step.eligible):
+    if len(checked) < len(step.eligible):
         logits = logits.index_select(
-            0, verifier.to_device([j for j, _, _ in keep], torch.int64, logits.device))
-    positions = [step.positions[step.eligible[j][0]] for j, _, _ in keep]
-    sampled = verifier.sample_entries(rt.scheduler, [req for _, req, _ in keep], logits,
+            0, verifier.to_device([j for j, _, _ in checked], torch.int64, logits.device))
+    positions = [step.positions[step.eligible[j][0]] for j, _, _ in checked]
+    sampled = verifier.sample_entries(rt.scheduler, [req for _, req, _ in checked], logits,
                                       positions)
-    for (_, req, k), entry in zip(keep, sampled):
+    for (_, req, k), entry in zip(checked, sampled):
         of(req).inline_result = (k, *entry)
+
+
+# An inline result whose token is whatever SGLang sampled: the verifier's, and so are its
+# logprobs (`_sample_step`)
+BY_CONSTRUCTION = -1
 
 
 def on_token(rt, req, state) -> None:
@@ -254,7 +277,7 @@ def on_token(rt, req, state) -> None:
     k, token, logprob, top_v, top_i = result
     if state.num_verified_tokens != k or len(req.output_ids) != k + 1:
         return
-    verified = req.output_ids[k] == token
+    verified = token == BY_CONSTRUCTION or req.output_ids[k] == token
     rt.stats.observe_inline_token(verified)
     if not verified:
         return
@@ -265,7 +288,7 @@ def on_token(rt, req, state) -> None:
             prefix_cache.publish_prompt(rt.scheduler, req)
     else:
         state.verify_on_arrival()  # no finish can be deferred: it had no candidate before
-    if req.return_logprob:
+    if req.return_logprob and token != BY_CONSTRUCTION:
         if fields.inline_logprobs is None:
             fields.inline_logprobs = {}
         fields.inline_logprobs[k] = (logprob, top_v, top_i)

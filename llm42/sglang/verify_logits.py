@@ -90,6 +90,16 @@ def apply(logits: torch.Tensor, reqs: list, output_indices: list[int]) -> None:
 _NO_PENALTIES = PenaltyRows(None, None, None)
 
 
+def adjusts(req) -> bool:
+    """Whether `apply` changes anything of `req`'s logits (penalties, a min_new_tokens mask,
+    a grammar, logit_bias, a custom logit processor). Where it does not, the Sampler alone makes
+    the verifier's token from the verifier's logits, as it makes the fast path's."""
+    sp = req.sampling_params
+    return bool(uses_penalties(sp) or (sp.min_new_tokens or 0) > 0 or sp.logit_bias
+                or getattr(req, "grammar", None) is not None
+                or getattr(req, "custom_logit_processor", None))
+
+
 def uses_penalties(sp) -> bool:
     return bool(sp.frequency_penalty or sp.presence_penalty) or sp.repetition_penalty not in (
         None, 1.0)
