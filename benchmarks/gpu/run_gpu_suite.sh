@@ -12,10 +12,11 @@
 #   proof-smollm2              the same proof on SmolLM2-135M-Instruct ($SMOLLM2_WEIGHTS)
 #   proof-row-invariant        the proof with --llm42-verifier row-invariant (triton) at W 16
 #                              B 32, every decode step of at most R rows inline
-#                              (--llm42-inline-pad-ratio 1e9), then on a second server at W 64 B 4
-#                              with inline steps only at R rows (ratio 0: never at the proof's
-#                              loads, so passes verify every token) whose every trial must also
-#                              equal the first server's outputs bitwise (--reference); features
+#                              (--llm42-inline-pad-ratio 1e9) and prompts' rows inline with their
+#                              prefill, then on a second server at W 64 B 4 without inline
+#                              verification (--no-llm42-inline-verify: passes verify every prompt
+#                              and token) whose every trial must also equal the first server's
+#                              outputs bitwise (--reference); features
 #                              without lora; the prefix cache follows the radix cache (off with
 #                              the default COMMON_ARGS)
 #   proof-spec                 the proof on speculative servers (issue 37), SmolLM2
@@ -509,7 +510,7 @@ run_step() {
         PROOF_LLM42_ARGS="$PROOF_LLM42_ARGS $row --llm42-inline-pad-ratio 1e9" \
         proof_step "$MODEL_1B" model_1b || return 1
       step=$top/w64-b4 WINDOW=64 VERIFY_BS=4 PROOF_FEATURES=n2,penalty,json \
-        PROOF_LLM42_ARGS="$PROOF_LLM42_ARGS $row --llm42-inline-pad-ratio 0" \
+        PROOF_LLM42_ARGS="$PROOF_LLM42_ARGS $row --no-llm42-inline-verify" \
         PROOF_REFERENCE="$RUN_DIR/$top/w16-b32/proof.json" proof_step "$MODEL_1B" model_1b ;;
     proof-smollm2) proof_step "$MODEL_SMOL" model_smollm2 ;;
     proof-spec) proof_spec ;;
