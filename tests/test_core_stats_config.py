@@ -37,6 +37,7 @@ SNAPSHOT_KEYS = {
     "inline_verified_tokens",
     "inline_misses",
     "inline_declined_steps",
+    "inline_own_forward_steps",
     "inline_launch_time_s",
     "inline_sample_time_s",
     "inline_prefill_steps",
@@ -81,7 +82,7 @@ def test_stats_arithmetic() -> None:
     stats.observe_row_cap(3)  # a step that held three jobs back
     stats.observe_row_cap(0)  # a step within its budget
     stats.observe_row_cap(1)
-    stats.observe_inline_step(0.25)
+    stats.observe_inline_step(0.25, own_forward=True)
     stats.observe_inline_sample(0.125)
     stats.observe_inline_token(True)
     stats.observe_inline_token(True)
@@ -122,7 +123,7 @@ def test_stats_arithmetic() -> None:
         "row_capped_steps": 2,
         "row_cap_deferred_jobs": 4,
         "inline_steps": 1, "inline_verified_tokens": 2, "inline_misses": 1,
-        "inline_declined_steps": 1,
+        "inline_declined_steps": 1, "inline_own_forward_steps": 1,
         "inline_launch_time_s": 0.25, "inline_sample_time_s": 0.125,
         "inline_prefill_steps": 2, "inline_prefill_rows": 42, "inline_prefill_prompts": 1,
         "inline_prefill_time_s": 0.75, "inline_prefill_rows_only": 1,

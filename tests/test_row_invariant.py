@@ -207,6 +207,28 @@ def test_a_request_alone_takes_no_pass_or_one(row_server, inline_prefill):
     wait_idle_and_healthy(row_server)
 
 
+def test_a_step_of_exactly_r_rows_runs_sglangs_own_forward_in_pass_mode(row_server,
+                                                                         row_server_apart):
+    """A decode step of exactly R rows is a row-invariant forward already: it runs as SGLang's
+    own forward in pass mode, no second batch built (`inline_own_forward_steps`). Four
+    deterministic requests among twelve long normal ones fill R = 16 rows; their outputs are
+    bitwise those of the passes-only server."""
+    url, rows = row_server.url, row_pass.ROWS_PER_FORWARD["cpu"]
+    prompts = [p + " Sixteen rows." for p in PROMPTS[:4]]
+    normal = [lambda k=k: generate(url, PROMPTS[k % len(PROMPTS)], det=None, max_new_tokens=64,
+                                   ignore_eos=True) for k in range(rows - len(prompts))]
+    before = llm42_stats(url)
+    got = concurrently([lambda: generate(url, prompts, max_new_tokens=40), *normal])[0]
+    after = llm42_stats(url)
+    ref = generate(row_server_apart.url, prompts, max_new_tokens=40)
+    assert_same([(ids, lps) for ids, lps, _ in ref], [(ids, lps) for ids, lps, _ in got],
+                "steps of R rows in pass mode vs passes only")
+    own = after["inline_own_forward_steps"] - before["inline_own_forward_steps"]
+    assert own > 0, "no decode step of exactly R rows ran inline"
+    assert after["inline_misses"] == before["inline_misses"], after
+    wait_idle_and_healthy(row_server)
+
+
 def test_inline_rows_whose_logits_are_adjusted_are_sampled_again(row_server):
     """A frequency penalty and a logit bias change a deterministic row's logits before the
     Sampler, so an inline step's token is not the verifier's by construction: the verifier

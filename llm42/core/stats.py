@@ -88,6 +88,9 @@ class Llm42Stats:
     inline_misses: int = 0
     # decode steps with such rows that decoded as usual: too much padding (--llm42-inline-pad-ratio)
     inline_declined_steps: int = 0
+    # of the inline steps, ones of exactly R rows: SGLang's own forward in pass mode, no second
+    # batch built
+    inline_own_forward_steps: int = 0
     # host time of inline steps: launching the row-invariant forward (batch, metadata, graph
     # replay; the GPU runs on), and the verifier's sampling of their rows (waits for its kernels)
     inline_launch_time_s: float = 0.0
@@ -162,8 +165,9 @@ class Llm42Stats:
         self.row_capped_steps += int(num_deferred_jobs > 0)
         self.row_cap_deferred_jobs += num_deferred_jobs
 
-    def observe_inline_step(self, launch_seconds: float = 0.0) -> None:
+    def observe_inline_step(self, launch_seconds: float = 0.0, own_forward: bool = False) -> None:
         self.inline_steps += 1
+        self.inline_own_forward_steps += int(own_forward)
         self.inline_launch_time_s += launch_seconds
 
     def observe_inline_sample(self, seconds: float) -> None:
@@ -220,6 +224,7 @@ class Llm42Stats:
             "inline_verified_tokens": self.inline_verified_tokens,
             "inline_misses": self.inline_misses,
             "inline_declined_steps": self.inline_declined_steps,
+            "inline_own_forward_steps": self.inline_own_forward_steps,
             "inline_launch_time_s": self.inline_launch_time_s,
             "inline_sample_time_s": self.inline_sample_time_s,
             "inline_prefill_steps": self.inline_prefill_steps,

@@ -155,7 +155,7 @@ def model_forward_hook(original, model_runner, forward_batch, *args, **kwargs):
         return inline_prefill.run_forward(step, original, model_runner, forward_batch, *args,
                                           **kwargs)
     if step is not None:
-        return run_forward(step, forward_batch)
+        return run_forward(step, original, model_runner, forward_batch, *args, **kwargs)
     return fp32_logits.model_forward_hook(original, model_runner, forward_batch, *args, **kwargs)
 
 
@@ -175,26 +175,42 @@ def take_launch(forward_batch) -> _Step | None:
     return step
 
 
-def run_forward(step: InlineStep, forward_batch):
-    """The step's forward as one row pass of R rows (`row_pass.forward_rows`, the very forward
-    a pass runs); the first N rows' logits for SGLang's sampler, the eligible rows' kept."""
+def run_forward(step: InlineStep, original, model_runner, forward_batch, *args, **kwargs):
+    """The step's forward as one row pass of R rows; the first N rows' logits for SGLang's
+    sampler, the eligible rows' kept.
+
+    A step of exactly R rows is such a forward already: SGLang's own, run in pass mode (the
+    pass's KV splits and fp32 logits), computes every row as `row_pass.forward_rows` would, so
+    no second batch is built (its host time is what a host-bound step pays for). A step of
+    fewer rows runs through `forward_rows`, padded to R rows."""
     from sglang.srt.layers.logits_processor import LogitsProcessorOutput
     from sglang.srt.model_executor.model_runner import ModelRunnerOutput
 
     rt = runtime.RUNTIME
     started = time.perf_counter()
     rows, n = rt.row_pass_rows, len(step.reqs)
-    ids = forward_batch.input_ids
-    input_ids = torch.cat([ids, torch.zeros(rows - n, dtype=ids.dtype, device=ids.device)])
-    logits, graphed = row_pass.forward_rows(
-        rt.scheduler, step.batch, step.reqs, step.positions, rows, input_ids)
+    own = n == rows
+    if own:
+        runtime.IN_VERIFY_PASS = True
+        try:
+            result = fp32_logits.model_forward_hook(original, model_runner, forward_batch,
+                                                    *args, **kwargs)
+        finally:
+            runtime.IN_VERIFY_PASS = False
+        out, logits = result.logits_output, result.logits_output.next_token_logits
+    else:
+        ids = forward_batch.input_ids
+        input_ids = torch.cat([ids, torch.zeros(rows - n, dtype=ids.dtype, device=ids.device)])
+        logits, graphed = row_pass.forward_rows(
+            rt.scheduler, step.batch, step.reqs, step.positions, rows, input_ids)
+        out = LogitsProcessorOutput(next_token_logits=logits[:n])
+        result = ModelRunnerOutput(logits_output=out, can_run_graph=graphed)
     index = verifier.to_device([i for i, _, _ in step.eligible], torch.int64, logits.device)
     # copied before SGLang's sampler scales the rows in place and the next replay overwrites them
     step.logits = logits.index_select(0, index).float()
-    out = LogitsProcessorOutput(next_token_logits=logits[:n])
     out.llm42_inline = step
-    rt.stats.observe_inline_step(time.perf_counter() - started)
-    return ModelRunnerOutput(logits_output=out, can_run_graph=graphed)
+    rt.stats.observe_inline_step(time.perf_counter() - started, own_forward=own)
+    return result
 
 
 def sample_step(rt, step: _Step, logits_ready: bool = False) -> None:
