@@ -38,6 +38,7 @@ if __package__ in (None, ""):
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import argparse
+import itertools
 import bisect
 import gzip
 import json
@@ -221,7 +222,7 @@ def summarize(trace: str | Path | dict, match: tuple[str, ...] | list[str] = DEF
         forwards.sort()
         steps, step_source = len(forwards), "model_runner.py forward calls"
         starts = [s for s, _ in forwards]
-    periods = [b - a for a, b in zip(starts, starts[1:])]
+    periods = [b - a for a, b in itertools.pairwise(starts)]
 
     python = {}
     for pattern in match:

@@ -14,9 +14,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from test_step_profile import _synthetic_trace
 
 from benchmarks import driver
-from test_step_profile import _synthetic_trace
 
 # (running + waiting, waiting) per /get_load call; the last one repeats
 LOADS = [[(250, 100)], [(250, 100)], [(150, 0), (60, 0)]]

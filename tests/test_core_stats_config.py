@@ -7,10 +7,9 @@ import re
 from dataclasses import replace
 
 import pytest
+from core_factories import accept, rollback
 
 from llm42.core import Llm42Config, Llm42Stats
-
-from core_factories import accept, rollback
 
 SNAPSHOT_KEYS = {
     "verify_passes",

@@ -7,7 +7,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
 from llm42.core.stats import Llm42Stats

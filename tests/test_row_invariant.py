@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pytest
 import requests
-from benchmarks.timeline import load_segments
 from conftest import CONTEXT, _start, wait_idle_and_healthy
 from helpers import PROMPTS, background_requests, concurrently, generate, llm42_stats
 from helpers import assert_same as assert_same_one
 
+from benchmarks.timeline import load_segments
 from llm42.sglang import row_pass
 
 SAMPLINGS = [pytest.param({}, id="greedy"),

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 import requests
-
 from conftest import CONTEXT, VERIFY_BATCH, WINDOW, _llm42_args, _start
 from helpers import assert_same, concurrently, generate, llm42_stats
+
 from llm42.server_process import cpu_server_env
 
 pytestmark = pytest.mark.server

@@ -31,6 +31,7 @@ o_0 at position P, so the same pass also verifies o_1 when it exists: candidates
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 from llm42.core.errors import InvariantError
 from llm42.core.verify_decision import VerifyDecision
 

@@ -51,7 +51,7 @@ class PrefillStep:
     claimed: list[tuple[object, int, int]]  # (request, start, end): the chunks it makes exact
     # (batch row, request, output index 0) of each request whose last prompt token is an entry
     eligible: list[tuple[int, object, int]] = field(default_factory=list)
-    positions: dict[int, int] = field(default_factory=dict)  # batch row -> its last entry's position
+    positions: dict[int, int] = field(default_factory=dict)  # batch row -> last entry's position
     last_entries: list[int] = field(default_factory=list)  # entry index of each eligible row
     # entry index of the last token of each batch row's chunk (claimed rows only)
     row_last: dict[int, int] = field(default_factory=dict)
