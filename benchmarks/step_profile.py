@@ -38,9 +38,9 @@ if __package__ in (None, ""):
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import argparse
-import itertools
 import bisect
 import gzip
+import itertools
 import json
 import re
 import statistics
