@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from llm42.sglang import fp32_logits, prefill_faults, row_pass, runtime, verifier
+from llm42.sglang import fp32_logits, prefill_faults, row_pass, runtime, verifier, verify_logits
 from llm42.sglang.request_state import of
 
 if TYPE_CHECKING:
@@ -55,7 +55,17 @@ class PrefillStep:
     last_entries: list[int] = field(default_factory=list)  # entry index of each eligible row
     # entry index of the last token of each batch row's chunk (claimed rows only)
     row_last: dict[int, int] = field(default_factory=dict)
-    logits: torch.Tensor | None = None  # [len(eligible), vocab] fp32, copied at the forward
+    checked: list[int] = field(default_factory=list)  # eligible rows sampled again (`checked`)
+    logits: torch.Tensor | None = None  # [len(checked), vocab] fp32: those rows' logits
+
+
+def checked(eligible: list) -> list[int]:
+    """Indices of the `eligible` rows (row, request, output index) that the verifier samples
+    again: those whose logits something adjusts before the Sampler (`verify_logits.adjusts`).
+    SGLang samples every eligible row from the verifier's logits with the Sampler the verifier
+    uses (per-row kinds and seeds, `group_sampling`), so the others' tokens and logprobs are the
+    verifier's by construction, and their logits need no copy."""
+    return [j for j, (_, req, _) in enumerate(eligible) if verify_logits.adjusts(req)]
 
 
 def plan(rt, batch) -> PrefillStep | None:
@@ -130,8 +140,7 @@ def run_forward(step: PrefillStep, original, model_runner, forward_batch, *args,
     rt.stats.observe_inline_prefill(len(step.entries), time.perf_counter() - started,
                                     rows_only=out is None)
     num_eligible = len(step.last_entries)
-    if num_eligible:
-        step.logits = logits[:num_eligible]
+    o_0 = logits[:num_eligible] if num_eligible else None
     if out is None:
         logits_output = LogitsProcessorOutput(next_token_logits=logits[num_eligible:])
         out = ModelRunnerOutput(logits_output=logits_output, can_run_graph=False)
@@ -139,9 +148,13 @@ def run_forward(step: PrefillStep, original, model_runner, forward_batch, *args,
         logits_output = out.logits_output
         merged = logits_output.next_token_logits.to(torch.float32, copy=True)
         index = verifier.to_device([i for i, _, _ in step.eligible], torch.int64, merged.device)
-        merged.index_copy_(0, index, step.logits)
+        merged.index_copy_(0, index, o_0)
         logits_output.next_token_logits = merged
     if num_eligible:
+        step.checked = checked(step.eligible)
+        if step.checked:
+            step.logits = o_0.index_select(
+                0, verifier.to_device(step.checked, torch.int64, o_0.device))
         out.logits_output.llm42_inline = step
     return out
 

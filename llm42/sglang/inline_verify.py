@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -43,7 +43,6 @@ from llm42.sglang import (
     row_pass,
     runtime,
     verifier,
-    verify_logits,
 )
 from llm42.sglang.request_state import det_state, of
 
@@ -61,7 +60,9 @@ class InlineStep:
     reqs: list  # its requests at launch, in row order
     positions: list[int]  # the input token's position of each row
     eligible: list[tuple[int, object, int]]  # (row, request, output index its logits predict)
-    logits: torch.Tensor | None = None  # [len(eligible), vocab] fp32, copied at the forward
+    checked: list[int] = field(default_factory=list)  # eligible rows sampled again
+    # (`inline_prefill.checked`)
+    logits: torch.Tensor | None = None  # [len(checked), vocab] fp32, copied at the forward
 
     @property
     def claimed(self) -> list:
@@ -205,9 +206,13 @@ def run_forward(step: InlineStep, original, model_runner, forward_batch, *args, 
             rt.scheduler, step.batch, step.reqs, step.positions, rows, input_ids)
         out = LogitsProcessorOutput(next_token_logits=logits[:n])
         result = ModelRunnerOutput(logits_output=out, can_run_graph=graphed)
-    index = verifier.to_device([i for i, _, _ in step.eligible], torch.int64, logits.device)
-    # copied before SGLang's sampler scales the rows in place and the next replay overwrites them
-    step.logits = logits.index_select(0, index).float()
+    step.checked = inline_prefill.checked(step.eligible)
+    if step.checked:
+        index = verifier.to_device([step.eligible[j][0] for j in step.checked], torch.int64,
+                                   logits.device)
+        # copied before SGLang's sampler scales the rows in place and the next replay
+        # overwrites them
+        step.logits = logits.index_select(0, index).float()
     out.llm42_inline = step
     rt.stats.observe_inline_step(time.perf_counter() - started, own_forward=own)
     return result
@@ -254,22 +259,21 @@ def _sample_step(rt, step: _Step) -> None:
         if (state is not None and not req.finished() and len(req.output_ids) == k
                 and state.num_verified_tokens == k):
             keep.append((j, req, k))
-    # SGLang samples these rows from the verifier's logits, with the Sampler the verifier uses
-    # (per-row kinds and seeds, `group_sampling`): where nothing is added to the logits before
-    # it, its token and logprobs are the verifier's by construction (`BY_CONSTRUCTION`); the
+    # rows nothing adjusts are the verifier's by construction (`inline_prefill.checked`); the
     # rest are sampled again with their penalties, grammar, bias or processor replayed
+    where = {j: m for m, j in enumerate(step.checked)}  # eligible row -> its logits row
     checked = []
     for j, req, k in keep:
-        if verify_logits.adjusts(req):
+        if j in where:
             checked.append((j, req, k))
         else:
             of(req).inline_result = (k, BY_CONSTRUCTION, None, None, None)
     if not checked:
         return
     logits = step.logits
-    if len(checked) < len(step.eligible):
+    if len(checked) < len(step.checked):
         logits = logits.index_select(
-            0, verifier.to_device([j for j, _, _ in checked], torch.int64, logits.device))
+            0, verifier.to_device([where[j] for j, _, _ in checked], torch.int64, logits.device))
     positions = [step.positions[step.eligible[j][0]] for j, _, _ in checked]
     sampled = verifier.sample_entries(rt.scheduler, [req for _, req, _ in checked], logits,
                                       positions)
