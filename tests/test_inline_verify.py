@@ -200,3 +200,27 @@ def test_a_rolled_back_request_runs_inline_whatever_the_padding(rt):
     assert inline_verify._LAUNCH is not None and req._llm42.exact_kv == 8
     inline_verify._LAUNCH = None
     assert not inline_verify.worth_inline(thin, ROWS + 1, ROWS + 1, rolled_back=True)
+
+
+@pytest.mark.parametrize("num_rows, device, can_run, graph_logits, own", [
+    (ROWS, "cpu", False, False, True),  # exactly R rows: SGLang's own forward, graph or not
+    (ROWS - 1, "cuda", True, True, True),  # the graph of R rows replays, padded by SGLang
+    (ROWS - 2, "cuda", True, True, False),  # pads to the smaller captured size 2
+    (ROWS - 1, "cuda", False, True, False),  # eager: the GEMMs would run at N rows
+    (ROWS - 1, "cuda", True, False, False),  # fp32 logits recomputed from N rows after it
+    (ROWS - 1, "cpu", True, True, False),
+])
+def test_a_step_runs_sglangs_own_forward_only_where_it_computes_r_rows(
+        monkeypatch, num_rows, device, can_run, graph_logits, own):
+    """A step that SGLang's decode graph pads to R rows is the row pass already; any step that
+    would run a GEMM at another row count goes through `row_pass.forward_rows`."""
+    from llm42.sglang import fp32_logits
+
+    monkeypatch.setattr(fp32_logits, "logits_at_graph_rows", lambda n: graph_logits)
+    runner = SimpleNamespace(capture_bs=[1, 2, ROWS], can_run_graph=lambda fb: can_run)
+    model_runner = SimpleNamespace(device=device, decode_cuda_graph_runner=runner)
+    forward_batch = SimpleNamespace(forward_mode=ForwardMode.DECODE)
+    assert inline_verify.own_forward(model_runner, forward_batch, num_rows, ROWS) == own
+    no_graph = SimpleNamespace(device=device, decode_cuda_graph_runner=None)
+    assert inline_verify.own_forward(no_graph, forward_batch, num_rows, ROWS) == (
+        num_rows == ROWS)

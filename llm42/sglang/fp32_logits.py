@@ -304,6 +304,13 @@ def _forward_device(model_runner):
     return torch.device(device) if device is not None else None
 
 
+def logits_at_graph_rows(num_rows: int) -> bool:
+    """Whether a pass forward of `num_rows` rows that replays a decode graph computes its
+    logits at the graph's rows: bf16 logits, or fp32 ones from the one-GEMM layout inside the
+    graph (`_pass_forward` recomputes the others from `num_rows` LM head inputs)."""
+    return not enabled() or _graph_used_one_gemm(num_rows)
+
+
 def _graph_used_one_gemm(num_rows: int) -> bool:
     """Whether the decode graph a batch of `num_rows` replays (SGLang pads to the smallest
     captured size that holds it) was captured with the one-GEMM layout."""

@@ -180,17 +180,17 @@ def run_forward(step: InlineStep, original, model_runner, forward_batch, *args, 
     """The step's forward as one row pass of R rows; the first N rows' logits for SGLang's
     sampler, the eligible rows' kept.
 
-    A step of exactly R rows is such a forward already: SGLang's own, run in pass mode (the
-    pass's KV splits and fp32 logits), computes every row as `row_pass.forward_rows` would, so
-    no second batch is built (its host time is what a host-bound step pays for). A step of
-    fewer rows runs through `forward_rows`, padded to R rows."""
+    A step that SGLang runs as R rows anyway (`own_forward`) is such a forward already: SGLang's
+    own, run in pass mode (the pass's KV splits and fp32 logits), computes every row as
+    `row_pass.forward_rows` would, so no second batch is built (its host time is what a
+    host-bound step pays for). Other steps run through `forward_rows`, padded to R rows."""
     from sglang.srt.layers.logits_processor import LogitsProcessorOutput
     from sglang.srt.model_executor.model_runner import ModelRunnerOutput
 
     rt = runtime.RUNTIME
     started = time.perf_counter()
     rows, n = rt.row_pass_rows, len(step.reqs)
-    own = n == rows
+    own = own_forward(model_runner, forward_batch, n, rows)
     if own:
         runtime.IN_VERIFY_PASS = True
         try:
@@ -216,6 +216,25 @@ def run_forward(step: InlineStep, original, model_runner, forward_batch, *args, 
     out.llm42_inline = step
     rt.stats.observe_inline_step(time.perf_counter() - started, own_forward=own)
     return result
+
+
+def own_forward(model_runner, forward_batch, num_rows: int, rows: int) -> bool:
+    """Whether SGLang's own forward of this decode step computes its rows at R = `rows` rows:
+    a step of exactly R rows, or one that replays the decode CUDA graph SGLang captured for R
+    rows (it pads to the smallest captured size that holds it) with the fp32 LM head inside the
+    graph. Every GEMM then sees R rows, as in `row_pass.forward_rows`, and the padding rows
+    (SGLang's, or the pass's) change no other row's bits. A graph whose fp32 logits are
+    recomputed after the replay would recompute them at N rows, and an eager forward runs at N:
+    those steps go through `forward_rows`."""
+    if num_rows == rows:
+        return True
+    runner = getattr(model_runner, "decode_cuda_graph_runner", None)
+    sizes = getattr(runner, "capture_bs", None) or ()
+    if (rows not in sizes or any(num_rows <= size < rows for size in sizes)
+            or getattr(model_runner, "device", None) != "cuda"):
+        return False
+    return (forward_batch.forward_mode.is_cuda_graph() and runner.can_run_graph(forward_batch)
+            and fp32_logits.logits_at_graph_rows(num_rows))
 
 
 def sample_step(rt, step: _Step, logits_ready: bool = False) -> None:
