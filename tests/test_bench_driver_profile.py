@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from test_step_profile import _synthetic_trace
 
-from benchmarks import driver
+from benchmarks import driver, profile_trigger
 
 # (running + waiting, waiting) per /get_load call; the last one repeats
 LOADS = [[(250, 100)], [(250, 100)], [(150, 0), (60, 0)]]
@@ -71,7 +71,7 @@ def test_profile_options_parse():
 
 def test_trigger_starts_one_profile_once_the_load_is_steady(fake_sglang, tmp_path):
     url, posts, calls = fake_sglang
-    trigger = driver.ProfileTrigger(url, tmp_path, "llm42-w64_r1", 5, 200, 0.05, poll_s=0.02)
+    trigger = profile_trigger.ProfileTrigger(url, tmp_path, "llm42-w64_r1", 5, 200, 0.05, poll_s=0.02)
     trigger.start()
     deadline = time.monotonic() + 3
     while not posts and time.monotonic() < deadline:
@@ -87,8 +87,8 @@ def test_trigger_starts_one_profile_once_the_load_is_steady(fake_sglang, tmp_pat
 
 def test_bench_run_takes_and_summarizes_a_profile(fake_sglang, tmp_path, monkeypatch, capsys):
     url, posts, _ = fake_sglang
-    monkeypatch.setattr(driver, "PROFILE_POLL_S", 0.02)
-    monkeypatch.setattr(driver, "PROFILE_STABLE_S", 0.1)
+    monkeypatch.setattr(profile_trigger, "PROFILE_POLL_S", 0.02)
+    monkeypatch.setattr(profile_trigger, "PROFILE_STABLE_S", 0.1)
     args = driver.build_parser().parse_args([
         "--model-path", "m", "--out-dir", str(tmp_path / "out"), "--profile-steps", "5",
         "--profile-settle-s", "0"])
@@ -121,9 +121,9 @@ def test_no_profile_when_the_load_never_settles(fake_sglang, tmp_path, capsys):
     url, posts, _ = fake_sglang
     folder = tmp_path / "profile_x"
     folder.mkdir()
-    trigger = driver.ProfileTrigger(url, folder, "x", 5, 1000, 0.0, poll_s=0.02)
+    trigger = profile_trigger.ProfileTrigger(url, folder, "x", 5, 1000, 0.0, poll_s=0.02)
     trigger.start()
     time.sleep(0.15)
-    assert driver.finish_profile(trigger) is None
+    assert profile_trigger.finish_profile(trigger) is None
     assert posts == [] and not folder.exists()  # the empty folder is not left behind
     assert "not taken" in capsys.readouterr().out
