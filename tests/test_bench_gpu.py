@@ -296,7 +296,8 @@ def test_gpu_suite_row_invariant_proof_compares_two_servers(tmp_path):
     """proof-row-invariant: two proofs with the row-invariant verifier at W 16 B 32 and W 64 B 4;
     the second reads the first's proof.json as its reference (cross-server bitwise check). The
     first verifies every decode step inline, the second by passes only (inline steps vs passes
-    on the GPU)."""
+    on the GPU); the first without SGLang's radix cache, the second with it (the prefix cache
+    follows it: a hit must give a miss's bits)."""
     import shlex
 
     from benchmarks import determinism_proof
@@ -319,9 +320,10 @@ def test_gpu_suite_row_invariant_proof_compares_two_servers(tmp_path):
         inline = ("off" if "--no-llm42-inline-verify" in server
                   else float(server[server.index("--llm42-inline-pad-ratio") + 1]))
         shapes.append((server[server.index("--llm42-window-size") + 1],
-                       server[server.index("--llm42-verify-batch-size") + 1], inline))
-    # every step inline, then passes only
-    assert shapes == [("16", "32", 1e9), ("64", "4", "off")]
+                       server[server.index("--llm42-verify-batch-size") + 1], inline,
+                       "--disable-radix-cache" not in server))
+    # every step inline without the prefix cache, then passes only with it
+    assert shapes == [("16", "32", 1e9, False), ("64", "4", "off", True)]
     assert parsed[0].reference is None
     assert parsed[1].reference == [str(Path(parsed[0].out_dir) / "proof.json")]
 

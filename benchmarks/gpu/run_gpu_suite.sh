@@ -17,8 +17,9 @@
 #                              verification (--no-llm42-inline-verify: passes verify every prompt
 #                              and token) whose every trial must also equal the first server's
 #                              outputs bitwise (--reference); features
-#                              without lora; the prefix cache follows the radix cache (off with
-#                              the default COMMON_ARGS)
+#                              without lora; the prefix cache follows the radix cache: off on
+#                              the first server (the default COMMON_ARGS), on on the second
+#                              (--disable-radix-cache dropped from its COMMON_ARGS)
 #   proof-spec                 the proof on speculative servers (issue 37), SmolLM2
 #                              ($SMOLLM2_WEIGHTS; real: acceptance that means something), features
 #                              $PROOF_SPEC_FEATURES (SGLang serves LoRA only with NGRAM), one
@@ -509,7 +510,9 @@ run_step() {
       step=$top/w16-b32 WINDOW=16 VERIFY_BS=32 PROOF_FEATURES=n2,penalty,json \
         PROOF_LLM42_ARGS="$PROOF_LLM42_ARGS $row --llm42-inline-pad-ratio 1e9" \
         proof_step "$MODEL_1B" model_1b || return 1
+      # the radix cache on (the prefix cache follows it): a hit must give a miss's bits
       step=$top/w64-b4 WINDOW=64 VERIFY_BS=4 PROOF_FEATURES=n2,penalty,json \
+        COMMON_ARGS="${COMMON_ARGS//--disable-radix-cache/}" \
         PROOF_LLM42_ARGS="$PROOF_LLM42_ARGS $row --no-llm42-inline-verify" \
         PROOF_REFERENCE="$RUN_DIR/$top/w16-b32/proof.json" proof_step "$MODEL_1B" model_1b ;;
     proof-smollm2) proof_step "$MODEL_SMOL" model_smollm2 ;;
