@@ -192,10 +192,10 @@ def test_a_rolled_back_request_runs_inline_whatever_the_padding(rt):
     req, normal = _req(7), _req(None, det=False)
     inline_verify.plan_step(thin, _batch([req, normal], [7, 3]))
     assert inline_verify._LAUNCH is None and thin.stats.inline_declined_steps == 1
-    assert inline_verify.num_chained([req, normal]) == (1, False)
+    assert inline_verify.chained_rows([req, normal]) == (1, False)
     req._llm42.rolled_back = True
     req._llm42.exact_kv = 7
-    assert inline_verify.num_chained([req, normal]) == (1, True)
+    assert inline_verify.chained_rows([req, normal]) == (1, True)
     inline_verify.plan_step(thin, _batch([req, normal], [7, 3]))
     assert inline_verify._LAUNCH is not None and req._llm42.exact_kv == 8
     inline_verify._LAUNCH = None

@@ -115,7 +115,7 @@ def verify_due(rt, scheduler, batch) -> None:
     capped = cfg.max_passes_per_step or cfg.max_pass_rows_per_step is not None
     while not (touched and capped):  # under a pass or row cap: one round per step
         num_running = len(batch.reqs)
-        num_det, rolled_back = (inline_verify.num_chained(batch.reqs)
+        num_det, rolled_back = (inline_verify.chained_rows(batch.reqs)
                                 if inline_verify.active(rt) else (0, False))
         ready, urgent = [], []
         for r in batch.reqs:

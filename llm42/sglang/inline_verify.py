@@ -91,9 +91,10 @@ def worth_inline(rt, num_rows: int, num_det_rows: int, rolled_back: bool = False
             and (rolled_back or rows - num_rows <= rt.config.inline_pad_ratio * num_det_rows))
 
 
-def num_chained(reqs) -> tuple[int, bool]:
-    """Deterministic requests among `reqs` whose tokens an inline step can verify (a verified
-    prompt: their KV can become the verifier's), and whether one of them was rolled back."""
+def chained_rows(reqs) -> tuple[int, bool]:
+    """How many of `reqs` are rows an inline step can verify (deterministic, with a verified
+    prompt: their KV can become the verifier's), and whether one of them was rolled back: the
+    two inputs of `worth_inline`."""
     num, rolled = 0, False
     for req in reqs:
         state = det_state(req)
@@ -117,7 +118,7 @@ def plan_step(rt, batch) -> None:
         return
     if not batch.forward_mode.is_decode():
         return
-    num_det, rolled_back = num_chained(batch.reqs)
+    num_det, rolled_back = chained_rows(batch.reqs)
     inline = worth_inline(rt, len(batch.reqs), num_det, rolled_back)
     if num_det and not inline:
         rt.stats.observe_inline_declined()
