@@ -12,6 +12,9 @@ otherwise (`LLM42_TEST_SPLIT_RANK_DECISION=1` in the environment of this file's 
 not, and the test fails. SGLang's strict idle leak check runs in every rank's scheduler, and a
 leak on any rank takes the server down (the after-test check).
 
+`tp_row_server`: TP = 2 under the row-invariant verifier, where most tokens are verified on
+arrival by inline steps; the ledgers must hold those too.
+
 `dp_server`: DP = 2 replicas of TP = 1 behind SGLang's round-robin DP controller, with
 `inject_server`'s flags: each deterministic output equals inject_server's, a separate process,
 whichever replica served it; both replicas must have decided.
@@ -20,8 +23,9 @@ whichever replica served it; both replicas must have decided.
 from __future__ import annotations
 
 import pytest
+import requests
 
-from conftest import _llm42_args, _start, wait_idle_and_healthy
+from conftest import CONTEXT, _llm42_args, _start, wait_idle_and_healthy
 from helpers import (
     PROMPTS,
     assert_prefix,
@@ -54,6 +58,20 @@ def tp_server(tiny_model, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def tp_row_server(tiny_model, tmp_path_factory):
+    """TP = 2 under the row-invariant verifier: every decode step of at most R rows inline and
+    prompts' rows inline with their prefill (tokens verified on arrival, on each rank), half of
+    the windows that go to passes forced to mismatch, rank 1's samples skewed."""
+    args = ["--enable-llm42", "--llm42-verifier", "row-invariant", "--llm42-window-size", "8",
+            "--llm42-verify-batch-size", "4", "--llm42-inject-mismatch-rate", "0.5",
+            "--llm42-inline-pad-ratio", "16", "--llm42-benchmark-modes", "--random-seed", "7",
+            "--context-length", str(CONTEXT), "--tp-size", "2"]
+    server = _start(tiny_model, args, "tp2-row", tmp_path_factory, env={SKEW_ENV: "1"})
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
 def dp_server(tiny_model, tmp_path_factory):
     args = _llm42_args(rate=0.5) + ["--disable-overlap-schedule", "--dp-size", "2"]
     server = _start(tiny_model, args, "dp2", tmp_path_factory)
@@ -76,6 +94,10 @@ def _ranks_stay_clean_and_agree(request):
     yield
     if "tp_server" in request.fixturenames:
         server = request.getfixturevalue("tp_server")
+        wait_idle_and_healthy(server)
+        assert_ranks_agree(server.url)
+    if "tp_row_server" in request.fixturenames:
+        server = request.getfixturevalue("tp_row_server")
         wait_idle_and_healthy(server)
         assert_ranks_agree(server.url)
     if "dp_server" in request.fixturenames:
@@ -159,6 +181,28 @@ def test_tp2_restart_reproduces_outputs(tp_server):
     assert all(e["decisions"] == 0 for e in fresh["rank_ledgers"]), fresh["rank_ledgers"]
     for (p, c_id, c), ref in zip(jobs, refs):
         assert_same(ref, det_request(tp_server.url, p, NEW_TOKENS, **c), f"restart {p!r} {c_id}")
+
+
+def test_tp2_row_invariant_outputs_depend_on_the_request_alone(tp_row_server):
+    """Under the row-invariant verifier at TP = 2, with rank 1's samples skewed: each output is
+    bitwise its solo output among normal traffic and batched, and again after W and B change
+    and with inline steps off (passes verify every token). Both ranks' ledgers hold the tokens
+    verified on arrival, not only the pass decisions, and agree."""
+    url, jobs = tp_row_server.url, _jobs()
+    refs = [det_request(url, p, NEW_TOKENS, **c) for p, _, c in jobs]
+    _assert_loaded_and_batched(url, jobs, refs, "")
+    stats = assert_ranks_agree(url)
+    assert stats["inline_verified_tokens"] > 0 and stats["inline_prefill_prompts"] > 0, stats
+    ledgers = stats["rank_ledgers"]
+    assert all(e["committed_tokens"] >= stats["inline_verified_tokens"] for e in ledgers), (
+        ledgers, stats["inline_verified_tokens"])
+    for mode in ({"window_size": 16, "verify_batch_size": 1, "inline_pad_ratio": 0.0},
+                 {"window_size": 8, "verify_batch_size": 4, "inline_pad_ratio": 16.0}):
+        r = requests.post(url + "/llm42_benchmark_mode", json=mode, timeout=30)
+        assert r.status_code == 200, r.text
+        for (p, c_id, c), ref in list(zip(jobs, refs))[:2]:
+            assert_same(ref, det_request(url, p, NEW_TOKENS, **c), f"{mode} {p!r} {c_id}")
+    assert llm42_stats(url)["rollbacks"] > stats["rollbacks"], "no pass rolled back"
 
 
 def test_dp2_replicas_give_the_single_server_outputs(dp_server, inject_server):

@@ -42,6 +42,7 @@ from llm42.sglang import (
     prefix_cache,
     row_pass,
     runtime,
+    tp_share,
     verifier,
 )
 from llm42.sglang.request_state import det_state, of
@@ -328,6 +329,7 @@ def on_token(rt, req, state) -> None:
             prefix_cache.publish_prompt(rt.scheduler, req)
     else:
         state.verify_on_arrival()  # no finish can be deferred: it had no candidate before
+    tp_share.observe_inline(rt, req, k)
     if req.return_logprob and token != BY_CONSTRUCTION:
         if fields.inline_logprobs is None:
             fields.inline_logprobs = {}

@@ -54,6 +54,13 @@ def observe_decision(rt, req, first_index: int, decision) -> None:
                       decision.mismatch_index)
 
 
+def observe_inline(rt, req, index: int) -> None:
+    """Record a token verified on arrival (an inline step, `inline_verify.on_token`) as a
+    decision of one committed token: a rank whose inline steps verify what its peers leave to a
+    pass would otherwise keep an equal ledger."""
+    rt.ledger.observe(req.rid, index, [req.output_ids[index]], 0, None)
+
+
 def gather_ledgers(scheduler, own: dict) -> list[dict]:
     """Every TP rank's ledger entry, in rank order, on every rank.
 
