@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import pytest
 import requests
-
 from conftest import CONTEXT, _llm42_args, _start, wait_idle_and_healthy
 from helpers import (
     PROMPTS,
@@ -37,8 +36,9 @@ from helpers import (
     llm42_stats,
     sampling_cases,
 )
-from llm42.sglang.rank_faults import SKEW_ENV
 from test_aborts import disconnect_after, stream_then_abort
+
+from llm42.sglang.rank_faults import SKEW_ENV
 
 pytestmark = pytest.mark.server
 

@@ -55,6 +55,30 @@ def test_triton_rows_get_a_fixed_split_in_row_passes_only(monkeypatch, in_row_pa
             row_pass.static_kv_splits_hook(sglang_splits, backend, splits, torch.tensor([5]))
 
 
+def test_an_inline_step_fixes_the_split_of_the_rows_the_verifier_keeps_only(monkeypatch):
+    """In an inline step the eligible rows get their own split (the maximum, or the tile's);
+    normal and padding rows keep SGLang's, so a step pays the fixed split only where it verifies
+    a token. Outside the step, a pass fixes every row again."""
+    monkeypatch.setattr(runtime, "IN_VERIFY_PASS", True)
+    monkeypatch.setattr(runtime, "RUNTIME", SimpleNamespace(
+        config=Llm42Config(verifier="row-invariant")))
+    splits = torch.zeros(4, dtype=torch.int32)
+    backend = SimpleNamespace(max_kv_splits=8)
+
+    def sglang_splits(b, num_kv_splits, seq_lens):
+        num_kv_splits[:] = torch.tensor([1, 2, 3, 4])
+    lens = torch.tensor([5, 900, 40, 1])
+    with row_pass.verified_rows(torch.tensor([1, 2])):
+        row_pass.static_kv_splits_hook(sglang_splits, backend, splits, lens)
+        assert splits.tolist() == [1, 8, 8, 4]
+        monkeypatch.setenv(row_pass.KV_TILE_ENV, "64")
+        row_pass.static_kv_splits_hook(sglang_splits, backend, splits, lens)
+        assert splits.tolist() == [1, 8, 1, 4]
+    monkeypatch.delenv(row_pass.KV_TILE_ENV)
+    row_pass.static_kv_splits_hook(sglang_splits, backend, splits, lens)
+    assert splits.tolist() == [8, 8, 8, 8]
+
+
 def _scheduler(device: str, decode: str, pool_rows: int = 256):
     args = SimpleNamespace(get_attention_backends=lambda: (decode, decode))
     return SimpleNamespace(device=device, server_args=args,

@@ -193,21 +193,24 @@ def run_forward(step: InlineStep, original, model_runner, forward_batch, *args, 
     started = time.perf_counter()
     rows, n = rt.row_pass_rows, len(step.reqs)
     own = own_forward(model_runner, forward_batch, n, rows)
-    if own:
-        runtime.IN_VERIFY_PASS = True
-        try:
-            result = fp32_logits.model_forward_hook(original, model_runner, forward_batch,
-                                                    *args, **kwargs)
-        finally:
-            runtime.IN_VERIFY_PASS = False
-        out, logits = result.logits_output, result.logits_output.next_token_logits
-    else:
-        ids = forward_batch.input_ids
-        input_ids = torch.cat([ids, torch.zeros(rows - n, dtype=ids.dtype, device=ids.device)])
-        logits, graphed = row_pass.forward_rows(
-            rt.scheduler, step.batch, step.reqs, step.positions, rows, input_ids)
-        out = LogitsProcessorOutput(next_token_logits=logits[:n])
-        result = ModelRunnerOutput(logits_output=out, can_run_graph=graphed)
+    ids = forward_batch.input_ids
+    kept = verifier.to_device([i for i, _, _ in step.eligible], torch.int64, ids.device)
+    with row_pass.verified_rows(kept):  # the other rows keep SGLang's KV splits
+        if own:
+            runtime.IN_VERIFY_PASS = True
+            try:
+                result = fp32_logits.model_forward_hook(original, model_runner, forward_batch,
+                                                        *args, **kwargs)
+            finally:
+                runtime.IN_VERIFY_PASS = False
+            out, logits = result.logits_output, result.logits_output.next_token_logits
+        else:
+            input_ids = torch.cat([ids, torch.zeros(rows - n, dtype=ids.dtype,
+                                                    device=ids.device)])
+            logits, graphed = row_pass.forward_rows(
+                rt.scheduler, step.batch, step.reqs, step.positions, rows, input_ids)
+            out = LogitsProcessorOutput(next_token_logits=logits[:n])
+            result = ModelRunnerOutput(logits_output=out, can_run_graph=graphed)
     step.checked = inline_prefill.checked(step.eligible)
     if step.checked:
         index = verifier.to_device([step.eligible[j][0] for j in step.checked], torch.int64,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import torch
@@ -72,22 +73,52 @@ def rows_per_forward(device_type: str) -> int | None:
     return int(override)
 
 
+# The rows of the running forward whose bits the verifier keeps, when not all of them: an inline
+# step's eligible rows (`inline_verify.run_forward`); None inside a pass, where every row is.
+_VERIFIED_ROWS: torch.Tensor | None = None
+
+
+@contextmanager
+def verified_rows(rows: torch.Tensor | None):
+    """Within it, only `rows` (device indices into the forward's rows) need a split of their
+    own (`static_kv_splits_hook`); the other rows keep SGLang's choice."""
+    global _VERIFIED_ROWS
+    _VERIFIED_ROWS = rows
+    try:
+        yield
+    finally:
+        _VERIFIED_ROWS = None
+
+
 def static_kv_splits_hook(original, backend, num_kv_splits, seq_lens):
     """AROUND TritonAttnBackend.get_num_kv_splits: inside a row-invariant pass every row gets
     the backend's maximum number of KV splits, so a row's split (and its attention's bits)
-    depends on its own KV length only; elsewhere SGLang picks splits from the whole batch."""
+    depends on its own KV length only; elsewhere SGLang picks splits from the whole batch. In
+    an inline step only the rows the verifier keeps need it: the step's other rows (normal
+    requests, padding) take SGLang's splits, which attend faster at a batch's size, and a row's
+    attention never reads another row's split."""
     from llm42.core.config import ROW_INVARIANT
 
     rt = runtime.RUNTIME
-    if runtime.IN_VERIFY_PASS and rt is not None and rt.config.verifier == ROW_INVARIANT:
-        tile = kv_tile()
-        if tile is None or num_kv_splits.shape != seq_lens.shape:
-            num_kv_splits.fill_(backend.max_kv_splits)
-        else:
-            splits = torch.clamp((seq_lens + tile - 1) // tile, 1, backend.max_kv_splits)
-            num_kv_splits.copy_(splits.to(num_kv_splits.dtype))
-        return None
-    return original(backend, num_kv_splits, seq_lens)
+    if not (runtime.IN_VERIFY_PASS and rt is not None and rt.config.verifier == ROW_INVARIANT):
+        return original(backend, num_kv_splits, seq_lens)
+    rows, tile = _VERIFIED_ROWS, kv_tile()
+    if num_kv_splits.shape != seq_lens.shape:  # several tokens a row (speculative): the maximum
+        num_kv_splits.fill_(backend.max_kv_splits)
+    elif rows is None:
+        num_kv_splits.copy_(_own_splits(backend, seq_lens, tile, num_kv_splits.dtype))
+    else:
+        original(backend, num_kv_splits, seq_lens)
+        own = _own_splits(backend, seq_lens.index_select(0, rows), tile, num_kv_splits.dtype)
+        num_kv_splits.index_copy_(0, rows, own)
+    return None
+
+
+def _own_splits(backend, seq_lens: torch.Tensor, tile: int | None, dtype) -> torch.Tensor:
+    """Each row's KV splits from its own length alone: the maximum, or one per `tile` tokens."""
+    if tile is None:
+        return torch.full_like(seq_lens, backend.max_kv_splits, dtype=dtype)
+    return torch.clamp((seq_lens + tile - 1) // tile, 1, backend.max_kv_splits).to(dtype)
 
 
 def kv_tile() -> int | None:
