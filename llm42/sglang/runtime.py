@@ -51,6 +51,7 @@ class Llm42Runtime:
         self.ledger = DecisionLedger()
         ps = getattr(scheduler, "ps", None)
         self.tp_rank = getattr(ps, "tp_rank", 0)
+        self.tp_size = getattr(server_args, "tp_size", 1) or 1
         self.dp_rank = getattr(ps, "dp_rank", None) or 0
         self.injector = MismatchInjector(config.inject_mismatch_rate, config.seed)
         self.vocab_size = scheduler.model_config.vocab_size

@@ -55,10 +55,12 @@ def observe_decision(rt, req, first_index: int, decision) -> None:
 
 
 def observe_inline(rt, req, index: int) -> None:
-    """Record a token verified on arrival (an inline step, `inline_verify.on_token`) as a
-    decision of one committed token: a rank whose inline steps verify what its peers leave to a
-    pass would otherwise keep an equal ledger."""
-    rt.ledger.observe(req.rid, index, [req.output_ids[index]], 0, None)
+    """Under TP, record a token verified on arrival (an inline step, `inline_verify.on_token`)
+    as a decision of one committed token: a rank whose inline steps verify what its peers leave
+    to a pass would otherwise keep an equal ledger. Without TP peers there is nothing to compare
+    it with, and it would cost host time for every token of a host-bound step."""
+    if rt.tp_size > 1:
+        rt.ledger.observe(req.rid, index, [req.output_ids[index]], 0, None)
 
 
 def gather_ledgers(scheduler, own: dict) -> list[dict]:
