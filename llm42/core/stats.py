@@ -88,8 +88,8 @@ class Llm42Stats:
     inline_misses: int = 0
     # decode steps with such rows that decoded as usual: too much padding (--llm42-inline-pad-ratio)
     inline_declined_steps: int = 0
-    # of the inline steps, ones of exactly R rows: SGLang's own forward in pass mode, no second
-    # batch built
+    # of the inline steps, ones SGLang runs at R rows (exactly R, or padded to R by its decode
+    # graph): SGLang's own forward in pass mode, no second batch built
     inline_own_forward_steps: int = 0
     # host time of inline steps: launching the row-invariant forward (batch, metadata, graph
     # replay; the GPU runs on), and the verifier's sampling of their rows (waits for its kernels)

@@ -184,8 +184,9 @@ def run_forward(step: InlineStep, original, model_runner, forward_batch, *args, 
 
     A step that SGLang runs as R rows anyway (`own_forward`) is such a forward already: SGLang's
     own, run in pass mode (fixed KV splits for the eligible rows, fp32 logits), computes every
-    eligible row as `row_pass.forward_rows` would, so no second batch is built (its host time is what a
-    host-bound step pays for). Other steps run through `forward_rows`, padded to R rows."""
+    eligible row as `row_pass.forward_rows` would, so no second batch is built (its host time
+    is what a host-bound step pays for). Other steps run through `forward_rows`, padded to R
+    rows."""
     from sglang.srt.layers.logits_processor import LogitsProcessorOutput
     from sglang.srt.model_executor.model_runner import ModelRunnerOutput
 
