@@ -84,15 +84,29 @@ def stats_summary(stats: dict | str) -> list[str]:
         return ["llm42 is not enabled on this server (GET /llm42_stats says so)."]
     window, batch = stats["window_size"], stats["verify_batch_size"]
     verified, rolled = stats["verified_tokens"], stats["tokens_rolled_back"]
-    lines = [
-        f"{stats['det_requests_finished']} deterministic requests finished. Their tokens went "
-        f"through {stats['verify_passes']} verification passes (each replays up to {batch} "
-        f"windows of {window} tokens); {verified} tokens were verified and sent.",
+    finished = f"{stats['det_requests_finished']} deterministic requests finished."
+    if stats.get("verifier") == "row-invariant":
+        inline = stats.get("inline_verified_tokens", 0)
+        lines = [
+            "Verifier row-invariant: each verified token's bits depend on its request alone, "
+            "not on the batch, the window size or how the prompt was prefilled.",
+            f"{finished} {verified + inline} tokens were verified and sent: {inline} as they "
+            f"were decoded (inline), {verified} by {stats['verify_passes']} verification "
+            f"passes (windows of up to {window} tokens).",
+        ]
+    else:
+        lines = [
+            f"{finished} Their tokens went through {stats['verify_passes']} verification "
+            f"passes (each replays up to {batch} windows of {window} tokens); {verified} tokens "
+            "were verified and sent.",
+        ]
+    lines += [
         f"Rollbacks: {stats['rollbacks']} windows where the replay computed a different token "
         f"than the fast path; {rolled} decoded tokens from those points on were thrown away "
         "and decoded again.",
-        f"Recompute {stats['recompute_pct']:.1f} %: the share of decoded tokens that rollbacks "
-        f"threw away, {rolled} / ({verified} + {rolled}). Normal requests never pay it.",
+        f"Recompute {stats['recompute_pct']:.1f} %: the share of the tokens passes checked that "
+        f"rollbacks threw away, {rolled} / ({verified} + {rolled}). Normal requests never pay "
+        "it.",
     ]
     if stats.get("inconsistent_tokens"):
         lines.append(f"WARNING: {stats['inconsistent_tokens']} committed tokens were computed "

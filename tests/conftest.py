@@ -29,8 +29,11 @@ def tiny_model(tmp_path_factory) -> str:
 
 
 def _llm42_args(rate: float = 0.0, window: int = WINDOW) -> list[str]:
+    """The fixed-shape verifier's servers: their tests count its passes, pad rows and
+    rollbacks (tests/test_row_invariant.py serves the row-invariant one, the default where it
+    can run; tests/test_server_surface.py launches the defaults)."""
     return [
-        "--enable-llm42",
+        "--enable-llm42", "--llm42-verifier", "fixed-shape",
         "--llm42-window-size", str(window),
         "--llm42-verify-batch-size", str(VERIFY_BATCH),
         "--llm42-inject-mismatch-rate", str(rate),

@@ -93,9 +93,11 @@ def test_lora_backend_counts_only_with_lora_on():
 
 
 def _scheduler(prefill: str, decode: str, allow: bool) -> SimpleNamespace:
-    """What scheduler_init_hook reads: resolved server args and the loaded model."""
+    """What scheduler_init_hook reads: resolved server args and the loaded model (the
+    fixed-shape verifier: the row-invariant one's own gate is tests/test_row_pass.py's)."""
     server_args = SimpleNamespace(
         enable_llm42=True, llm42_allow_unproven_backend=allow, random_seed=0,
+        llm42_verifier="fixed-shape",
         get_attention_backends=lambda: (prefill, decode))
     return SimpleNamespace(
         server_args=server_args, model_config=SimpleNamespace(context_len=1024, vocab_size=32),
@@ -153,6 +155,26 @@ def test_auto_select_serves_a_proven_backend_and_says_why(default, usable, chose
     assert check(backend, backend, allow_unproven=False).allowed == (chosen != "aiter")
 
 
+PREFER = ("triton", "the row-invariant verifier decodes on triton")
+
+
+@pytest.mark.parametrize("default, usable, chosen", [
+    ("fa3", ("flashinfer", "triton"), "triton"),  # Hopper: the verifier's backend, not FA3's
+    ("flashinfer", ("flashinfer", "triton"), "triton"),  # over SGLang's proven default too
+    ("triton", ("triton",), "triton"),
+    ("fa3", ("flashinfer",), "flashinfer"),  # triton cannot serve it here: the usual choice
+    ("aiter", (), "aiter"),  # not an NVIDIA GPU
+])
+def test_auto_select_serves_the_verifiers_backend_where_usable(default, usable, chosen):
+    """With the row-invariant verifier possible (`--llm42-verifier auto`), a launch without a
+    backend decodes on triton wherever triton can serve the model, and the line says why."""
+    backend, line = auto_select(default, usable, prefer=PREFER)
+    assert backend == chosen, line
+    if chosen == "triton":
+        assert PREFER[1] in line, line
+        assert (f"instead of SGLang's default {default}" in line) == (default != "triton"), line
+
+
 def test_the_gpu_preference_lists_only_proven_backends():
     assert set(GPU_AUTO_BACKENDS) <= set(PROVEN_BACKENDS)
 
@@ -186,11 +208,13 @@ print("\nRESULTS " + json.dumps(results))
 @pytest.fixture(scope="module")
 def hopper_launches(tiny_model) -> list[dict]:
     base = ["--model-path", tiny_model, "--device", "cuda", "--max-total-tokens", "4096"]
+    fixed = base + ["--enable-llm42", "--llm42-verifier", "fixed-shape"]
     runs = [
         (True, base + ["--enable-llm42"]),  # no backend given, FlashInfer installed
-        (False, base + ["--enable-llm42"]),  # no backend given, no FlashInfer
+        (False, fixed),  # no backend given, no FlashInfer
         (True, base),  # plain SGLang: its own default, untouched
         (True, base + ["--enable-llm42", "--attention-backend", "fa3"]),  # explicitly unproven
+        (True, fixed),  # no backend given, FlashInfer installed, the fixed-shape verifier
     ]
     env = {k: v for k, v in os.environ.items() if k != "SGLANG_USE_CPU_ENGINE"}
     res = subprocess.run([sys.executable, "-c", _HOPPER_SCRIPT, json.dumps(runs)],
@@ -199,14 +223,24 @@ def hopper_launches(tiny_model) -> list[dict]:
     return json.loads(res.stdout.rsplit("\nRESULTS ", 1)[1])
 
 
-def test_hopper_launch_without_a_backend_serves_flashinfer_and_logs_why(hopper_launches):
-    auto, no_flashinfer, plain, _ = hopper_launches
+def test_hopper_launch_without_a_backend_serves_triton_and_logs_why(hopper_launches):
+    """The default verifier (auto) runs row-invariant where it can, which decodes on triton:
+    a default Hopper launch serves triton instead of being refused or running fixed-shape."""
+    auto, _, plain, _, _ = hopper_launches
     assert plain["backends"] == ["fa3", "fa3"], "the simulation must give SGLang's Hopper default"
     assert auto["code"] == "accepted", auto["stderr"][-2000:]
-    assert auto["backends"] == ["flashinfer", "flashinfer"]
+    assert auto["backends"] == ["triton", "triton"]
     [line] = [ln for ln in auto["stderr"].splitlines() if ln.startswith("llm42: attention")]
-    assert "flashinfer instead of SGLang's default fa3" in line and "not measured yet" in line
+    assert "triton instead of SGLang's default fa3" in line and "row-invariant" in line, line
     assert "llm42:" not in plain["stderr"], "a server without --enable-llm42 is left alone"
+
+
+def test_hopper_launch_of_the_fixed_shape_verifier_serves_flashinfer(hopper_launches):
+    _, no_flashinfer, _, _, fixed = hopper_launches
+    assert fixed["code"] == "accepted", fixed["stderr"][-2000:]
+    assert fixed["backends"] == ["flashinfer", "flashinfer"]
+    [line] = [ln for ln in fixed["stderr"].splitlines() if ln.startswith("llm42: attention")]
+    assert "flashinfer instead of SGLang's default fa3" in line and "not measured yet" in line
     assert no_flashinfer["backends"] == ["triton", "triton"], no_flashinfer["stderr"][-2000:]
 
 

@@ -180,23 +180,27 @@ CONFIG_ERRORS = [
     ({"inline_pad_ratio": math.inf}, None, "--llm42-inline-pad-ratio must be a number >= 0"),
     ({"verifier": "row-invariant", "max_pass_rows_per_step": 0}, None,  # an empty budget
      "--llm42-max-pass-rows-per-step must be >= 1 (leave it out for no cap), got 0"),
-    ({"max_pass_rows_per_step": 4}, None,  # a fixed-shape pass costs B x W rows: refused...
+    ({"verifier": "fixed-shape", "max_pass_rows_per_step": 4}, None,  # B x W rows: refused...
      "--llm42-max-pass-rows-per-step needs --llm42-verifier row-invariant, got --llm42-verifier "
      "fixed-shape"),
-    ({"max_pass_rows_per_step": 4}, None,  # ...with a pointer to the pass cap
+    ({"verifier": "fixed-shape", "max_pass_rows_per_step": 4}, None,  # ...with a pointer
      "cap its passes with --llm42-max-passes-per-step instead"),
     ({"solo_prefill_min_tokens": 512, "batched_prefill": False}, None,
      "drop --no-llm42-batched-prefill"),  # a threshold between two paths, one of them off
-    ({"verifier": "exact"}, None, "--llm42-verifier must be one of fixed-shape, row-invariant"),
-    ({"prefix_cache": True, "batched_prefill": False}, None,  # fixed-shape: no prompt rows
+    ({"verifier": "exact"}, None,
+     "--llm42-verifier must be one of auto, fixed-shape, row-invariant"),
+    ({"verifier": "fixed-shape", "prefix_cache": True, "batched_prefill": False}, None,
      "--llm42-prefix-cache shares prompt KV written by prompt passes"),
 ]
 
 
+FIXED = {"verifier": "fixed-shape"}
+
+
 @pytest.mark.parametrize("kwargs, n, logprobs, alone, verified", [
-    ({}, 100, False, False, True),  # fixed-shape: a short prompt joins a batch, prompt rows
-    ({}, 5000, False, True, False),  # fixed-shape: a long one prefills alone, o_0 final
-    ({"batched_prefill": False}, 100, False, True, False),  # fixed-shape solo prefill
+    (FIXED, 100, False, False, True),  # fixed-shape: a short prompt joins a batch, prompt rows
+    (FIXED, 5000, False, True, False),  # fixed-shape: a long one prefills alone, o_0 final
+    ({**FIXED, "batched_prefill": False}, 100, False, True, False),  # fixed-shape solo prefill
     ({"verifier": "row-invariant"}, 5000, False, False, True),  # batched whatever its length
     ({"verifier": "row-invariant", "batched_prefill": False}, 100, False, True, True),  # alone,
     # then prompt rows all the same: a prefill's KV would depend on the prefill path

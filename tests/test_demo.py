@@ -77,6 +77,19 @@ def test_stats_summary_explains_passes_rollbacks_and_recompute():
     assert "{" not in text, "a summary, not the raw JSON"
 
 
+def test_stats_summary_says_what_the_row_invariant_verifier_guarantees():
+    """The default verifier where it runs: the summary says that a token's bits depend on its
+    request alone and counts the tokens verified as they were made next to the passes'."""
+    text = "\n".join(stats_summary({**STATS, "verifier": "row-invariant",
+                                    "inline_verified_tokens": 11}))
+    assert "Verifier row-invariant" in text and "request alone" in text
+    assert "40 tokens were verified and sent: 11 as they were decoded (inline), 29 by 6 " \
+        "verification passes" in text, text
+    assert "Recompute 58.0 %" in text
+    fixed = "\n".join(stats_summary({**STATS, "verifier": "fixed-shape"}))
+    assert "row-invariant" not in fixed and "6 verification passes" in fixed
+
+
 def test_stats_summary_flags_what_should_not_happen():
     text = "\n".join(stats_summary({**STATS, "inconsistent_tokens": 2,
                                     "unproven_backend": "fa3"}))

@@ -30,8 +30,8 @@ SHAPES = [(16, 32, 0.0, True), (16, 32, 0.0, False),
 ROW_BUDGET = 2  # row_server's --llm42-max-pass-rows-per-step (row_server_apart: no budget)
 
 
-def _row_args(window: int, batch: int, rate: float) -> list[str]:
-    return ["--enable-llm42", "--llm42-verifier", "row-invariant",
+def _row_args(window: int, batch: int, rate: float, verifier: str = "row-invariant") -> list[str]:
+    return ["--enable-llm42", "--llm42-verifier", verifier,
             "--llm42-window-size", str(window), "--llm42-verify-batch-size", str(batch),
             "--llm42-inject-mismatch-rate", str(rate), "--random-seed", "7",
             "--context-length", str(CONTEXT)]
@@ -60,8 +60,9 @@ def row_server(tiny_model, tmp_path_factory):
 def row_server_apart(tiny_model, tmp_path_factory):
     """Another layout: W = 16, B = 1, no prefix cache, solo prefills (each deterministic prompt
     in a batch of its own, then verified by prompt rows), 64-token chunks, SGLang's normal
-    loop, and NGRAM speculative decoding on the fast path (candidates from speculative steps)."""
-    server = _start(tiny_model, _row_args(16, 1, 0.5) + [
+    loop, and NGRAM speculative decoding on the fast path (candidates from speculative steps).
+    Its verifier is the default, auto, which runs row-invariant here."""
+    server = _start(tiny_model, _row_args(16, 1, 0.5, verifier="auto") + [
         "--no-llm42-batched-prefill", "--no-llm42-prefix-cache", "--chunked-prefill-size", "64",
         "--disable-overlap-schedule",
         "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4"],
@@ -130,6 +131,7 @@ def test_outputs_depend_on_the_request_alone(row_server, row_server_apart, sampl
     assert stats["inline_verify"] is True and stats["inline_verified_tokens"] > 0, stats
     assert stats["inline_misses"] == 0, stats
     apart = llm42_stats(row_server_apart.url)
+    assert apart["verifier"] == "row-invariant", "auto runs row-invariant where it can"
     assert apart["prefix_cache"] is False
     assert apart["inline_verify"] is False and apart["inline_verified_tokens"] == 0, apart
     wait_idle_and_healthy(row_server)

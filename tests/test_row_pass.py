@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from llm42.core.config import Llm42Config
-from llm42.sglang import hooks_lifecycle, row_pass, runtime
+from llm42.sglang import row_pass, runtime, verifier_choice
 
 
 def _model():
@@ -86,24 +86,93 @@ def _scheduler(device: str, decode: str, pool_rows: int = 256):
                            tp_worker=SimpleNamespace(model_runner=SimpleNamespace(model=_model())))
 
 
+def _row_invariant(scheduler, config):
+    """An explicit row-invariant verifier's (unproven, rows), or its refusal."""
+    verifier, rows, unproven, line = verifier_choice.choose(config, scheduler)
+    assert verifier == "row-invariant", line
+    return unproven, rows
+
+
 def test_the_gate_refuses_a_row_invariant_launch_without_a_proof(monkeypatch):
     """CPU torch_native and CUDA triton have proofs; a row-pass backend without one (here CUDA
     triton with its proof taken away) needs the override; a decode backend whose row passes
     cannot fix each row's KV split is refused even with it."""
     config = Llm42Config(verifier="row-invariant")
-    assert hooks_lifecycle._check_row_invariant(_scheduler("cpu", "torch_native"), config) == (
+    assert _row_invariant(_scheduler("cpu", "torch_native"), config) == (
         None, row_pass.ROWS_PER_FORWARD["cpu"])
-    assert hooks_lifecycle._check_row_invariant(_scheduler("cuda", "triton"), config) == (
+    assert _row_invariant(_scheduler("cuda", "triton"), config) == (
         None, row_pass.ROWS_PER_FORWARD["cuda"])
     monkeypatch.setattr(row_pass, "PROVEN_ROW_BACKENDS", {"cpu": "torch_native"})
     with pytest.raises(ValueError, match=r"no determinism proof on cuda triton yet \(proven: "
                                          r"cpu torch_native\)"):
-        hooks_lifecycle._check_row_invariant(_scheduler("cuda", "triton"), config)
+        _row_invariant(_scheduler("cuda", "triton"), config)
     override = Llm42Config(verifier="row-invariant", allow_unproven_backend=True)
-    assert hooks_lifecycle._check_row_invariant(_scheduler("cuda", "triton"), override) == (
+    assert _row_invariant(_scheduler("cuda", "triton"), override) == (
         "row-invariant:triton", row_pass.ROWS_PER_FORWARD["cuda"])
     with pytest.raises(ValueError, match="needs decode attention triton on cuda .got flashinfer"):
-        hooks_lifecycle._check_row_invariant(_scheduler("cuda", "flashinfer"), override)
+        _row_invariant(_scheduler("cuda", "flashinfer"), override)
+
+
+def test_auto_runs_row_invariant_wherever_it_can_and_says_why_not(monkeypatch):
+    """--llm42-verifier auto (the default): row-invariant on a proven row-pass backend with
+    enough pool rows and row-invariant GEMMs; otherwise fixed-shape, never refused, with a log
+    line naming the obstacle and the flag that removes it. An explicit fixed-shape is kept, and
+    auto never picks an unproven row-invariant verifier, override or not."""
+    auto, rows = Llm42Config(), row_pass.rows_per_forward("cuda")
+    assert auto.verifier == "auto"
+
+    def chosen(scheduler, config=auto):
+        verifier, got_rows, unproven, line = verifier_choice.choose(config, scheduler)
+        assert (got_rows is None) == (verifier == "fixed-shape") and unproven is None, line
+        return verifier, line
+
+    assert chosen(_scheduler("cpu", "torch_native"))[0] == "row-invariant"
+    assert chosen(_scheduler("cuda", "triton")) == ("row-invariant",
+                                                    "verifier row-invariant (auto: it can run here)")
+    verifier, line = chosen(_scheduler("cuda", "flashinfer"))
+    assert verifier == "fixed-shape" and "--attention-backend triton gives it" in line, line
+    verifier, line = chosen(_scheduler("cuda", "triton", rows - 1))
+    assert verifier == "fixed-shape" and f"--max-running-requests {rows} or more" in line, line
+    assert chosen(_scheduler("cuda", "triton"), Llm42Config(verifier="fixed-shape"))[0] == \
+        "fixed-shape"
+    monkeypatch.setattr(row_pass, "check_linears", lambda model, rows: ["o_proj: a row changes"])
+    verifier, line = chosen(_scheduler("cuda", "triton"))
+    assert verifier == "fixed-shape" and "o_proj: a row changes" in line, line
+    monkeypatch.undo()
+    monkeypatch.setattr(row_pass, "PROVEN_ROW_BACKENDS", {"cpu": "torch_native"})
+    override = Llm42Config(allow_unproven_backend=True)
+    verifier, line = chosen(_scheduler("cuda", "triton"), override)
+    assert verifier == "fixed-shape" and "no determinism proof on cuda triton" in line, line
+
+
+def test_a_row_invariant_flag_makes_auto_a_request_for_it():
+    """A flag only the row-invariant verifier has turns auto into a request for it: refused
+    where it cannot run (naming the fix), instead of the flag being ignored silently."""
+    capped = Llm42Config(max_pass_rows_per_step=64)
+    assert capped.requested_verifier == "row-invariant"
+    assert verifier_choice.choose(capped, _scheduler("cuda", "triton"))[0] == "row-invariant"
+    with pytest.raises(ValueError, match="cannot run here: it needs decode attention triton"):
+        verifier_choice.choose(capped, _scheduler("cuda", "flashinfer"))
+    inline = Llm42Config(inline_verify=True)
+    with pytest.raises(ValueError, match="serve with --llm42-verifier fixed-shape"):
+        verifier_choice.choose(inline, _scheduler("cuda", "triton", 8))
+    assert Llm42Config(inline_verify=False).requested_verifier == "auto"
+
+
+def test_the_launcher_validates_flags_against_the_verifier_auto_would_run():
+    """Where the launcher sees row-invariant's backend it validates as row-invariant (the
+    scheduler re-checks if it falls back); elsewhere as fixed-shape. Without a backend given,
+    auto and row-invariant prefer the row-invariant verifier's decode backend."""
+    assert verifier_choice.launch_verifier(Llm42Config(), "cuda", "triton") == "row-invariant"
+    assert verifier_choice.launch_verifier(Llm42Config(), "cuda", "flashinfer") == "fixed-shape"
+    assert verifier_choice.launch_verifier(Llm42Config(), "cpu", "torch_native") == \
+        "row-invariant"
+    assert verifier_choice.launch_verifier(Llm42Config(verifier="fixed-shape"), "cuda",
+                                           "triton") == "fixed-shape"
+    assert verifier_choice.backend_preference("auto", "cuda")[0] == "triton"
+    assert verifier_choice.backend_preference("row-invariant", "cuda:0")[0] == "triton"
+    assert verifier_choice.backend_preference("fixed-shape", "cuda") is None
+    assert verifier_choice.backend_preference("auto", "mps") is None
 
 
 def test_a_pass_of_several_forwards_keeps_every_forwards_logits(monkeypatch):
@@ -141,10 +210,10 @@ def test_a_server_holding_fewer_requests_than_a_forwards_rows_is_refused():
     forward of more rows would fail at the first pass: refused at launch, naming the flag."""
     config = Llm42Config(verifier="row-invariant")
     rows = row_pass.rows_per_forward("cuda")
-    assert hooks_lifecycle._check_row_invariant(
+    assert _row_invariant(
         _scheduler("cuda", "triton", rows), config) == (None, rows)
-    with pytest.raises(ValueError, match=f"pass --max-running-requests {rows} or more"):
-        hooks_lifecycle._check_row_invariant(_scheduler("cuda", "triton", rows - 1), config)
+    with pytest.raises(ValueError, match=f"--max-running-requests {rows} or more"):
+        _row_invariant(_scheduler("cuda", "triton", rows - 1), config)
 
 
 def test_the_forward_size_can_be_overridden_for_experiments(monkeypatch):

@@ -46,13 +46,13 @@ BAD_FLAGS = [
     (["--llm42-inject-mismatch-rate", "1.5"], "--llm42-inject-mismatch-rate"),  # not a prob.
     (["--llm42-window-size", "8", "--llm42-max-verify-wait", "8"],
      "--llm42-max-verify-wait"),  # a wait of a whole window
-    (["--no-llm42-batched-prefill", "--llm42-prefix-cache"],
-     "--no-llm42-batched-prefill"),  # prefix sharing needs prompt passes
+    (["--llm42-verifier", "fixed-shape", "--no-llm42-batched-prefill", "--llm42-prefix-cache"],
+     "--no-llm42-batched-prefill"),  # fixed-shape prefix sharing needs prompt passes
     (["--llm42-solo-prefill-min-tokens", "-1"], "--llm42-solo-prefill-min-tokens"),
     (["--llm42-max-passes-per-step", "-2"], "--llm42-max-passes-per-step"),
     (["--llm42-verifier", "row-invariant", "--llm42-max-pass-rows-per-step", "0"],
      "--llm42-max-pass-rows-per-step must be >= 1"),  # an empty row budget
-    (["--llm42-max-pass-rows-per-step", "4"],  # fixed-shape: a pass costs B x W rows anyway
+    (["--llm42-verifier", "fixed-shape", "--llm42-max-pass-rows-per-step", "4"],  # B x W rows
      "cap its passes with --llm42-max-passes-per-step"),
     (["--no-llm42-batched-prefill", "--llm42-solo-prefill-min-tokens", "512"],
      "--no-llm42-batched-prefill"),  # a threshold between paths, with one path left

@@ -21,9 +21,10 @@ DEFAULT_SOLO_PREFILL_MIN_TOKENS = 1024
 # (1: W 64, B 8, bf16 logits; 2: W 16, B 32, fp32 logits for every row; 3: fp32 logits for
 # deterministic and pass rows only; 4: W 64, B 8 again, overlap-verify on: issue 33's 8B
 # ShareGPT throughput, docs/tuning.md; 5: a finishing window waits like a full one,
-# --llm42-max-finish-wait). `/llm42_stats` reports it, so benchmark results record
+# --llm42-max-finish-wait; 6: --llm42-verifier auto, row-invariant wherever it can run).
+# `/llm42_stats` reports it, so benchmark results record
 # it and the README's headline rows can be checked against the defaults in force.
-DEFAULTS_VERSION = 5
+DEFAULTS_VERSION = 6
 
 
 def _setting(default, flag: str | None, help: str, *, echo_as: str | None = None,
@@ -35,9 +36,10 @@ def _setting(default, flag: str | None, help: str, *, echo_as: str | None = None
                                              "echoed": echoed})
 
 
-# --llm42-verifier: how a verification pass computes its rows (`llm42/sglang/row_pass.py`).
-FIXED_SHAPE, ROW_INVARIANT = "fixed-shape", "row-invariant"
-VERIFIERS = (FIXED_SHAPE, ROW_INVARIANT)
+# --llm42-verifier: how a verification pass computes its rows (`llm42/sglang/row_pass.py`);
+# auto: row-invariant where it can run, else fixed-shape (`llm42/sglang/verifier_choice.py`).
+AUTO, FIXED_SHAPE, ROW_INVARIANT = "auto", "fixed-shape", "row-invariant"
+VERIFIERS = (AUTO, FIXED_SHAPE, ROW_INVARIANT)
 
 
 @dataclass(frozen=True)
@@ -135,13 +137,15 @@ class Llm42Config:
         "that is exact, checked per batch size on the device; else a recompute of the "
         "deterministic rows).")
     verifier: str = _setting(
-        FIXED_SHAPE, "--llm42-verifier",
-        "How verification passes compute: fixed-shape (default) runs every pass as one B x W "
-        "extend forward, so outputs also depend on W, B and the prefill flags; row-invariant "
-        "runs each entry as a decode row of its own in forwards of a fixed row count, so a "
-        "deterministic output depends on the request alone (not on W, B, the prefill path or "
-        "the prefix cache), at the cost of one decode row per verified token. row-invariant: "
-        "proven on CPU (torch_native) and CUDA (triton decode attention).")
+        AUTO, "--llm42-verifier",
+        "How verification passes compute. row-invariant runs each entry as a decode row of its "
+        "own in forwards of a fixed row count, so a deterministic output depends on the request "
+        "alone (not on W, B, the prefill path or the prefix cache); proven on CPU "
+        "(torch_native) and CUDA (triton decode attention). fixed-shape runs every pass as one "
+        "B x W extend forward, so outputs also depend on W, B and the prefill flags. auto "
+        "(default): row-invariant where it can run (its decode attention backend, at least its "
+        "forward's rows of --max-running-requests, GEMMs checked row-invariant at startup), "
+        "else fixed-shape; the log and /llm42_stats say which.")
     inline_verify: bool | None = _setting(
         None, "--llm42-inline-verify",
         "With --llm42-verifier row-invariant: a decode step of at most the verifier's forward "
@@ -186,6 +190,15 @@ class Llm42Config:
         "Experiments only: start even though the attention backend SGLang resolved has no "
         "determinism proof (proven: triton on GPU, torch_native on CPU); logs a warning and "
         "/llm42_stats reports the backend as unproven_backend. Without it such a launch stops.")
+
+    @property
+    def requested_verifier(self) -> str:
+        """`verifier`, except that auto with a flag only the row-invariant verifier has is a
+        request for it (refused where it cannot run, instead of silently ignoring the flag)."""
+        if self.verifier == AUTO and (self.inline_verify or
+                                      self.max_pass_rows_per_step is not None):
+            return ROW_INVARIANT
+        return self.verifier
 
     def echo(self) -> dict:
         """Every echoed setting by field name, resolved (`echo_as`), and the version of the
@@ -307,7 +320,8 @@ class Llm42Config:
                     "--llm42-solo-prefill-min-tokens chooses between solo and batched "
                     "prefill: drop --no-llm42-batched-prefill (which prefills every prompt alone)"
                 )
-        if self.uses_prefix_cache and not self.batched_prefill and self.verifier != ROW_INVARIANT:
+        if (self.uses_prefix_cache and not self.batched_prefill
+                and self.verifier == FIXED_SHAPE):
             raise ValueError(
                 "--llm42-prefix-cache shares prompt KV written by prompt passes: drop "
                 "--no-llm42-batched-prefill"
@@ -317,7 +331,7 @@ class Llm42Config:
                              f"{self.verifier!r}")
         if self.max_pass_rows_per_step is not None:
             self._validate_row_cap()
-        if self.inline_verify and self.verifier != ROW_INVARIANT:
+        if self.inline_verify and self.verifier == FIXED_SHAPE:
             raise ValueError(
                 f"--llm42-inline-verify needs --llm42-verifier {ROW_INVARIANT}, got "
                 f"--llm42-verifier {self.verifier}: only a row-invariant row gives the bits of "
@@ -341,7 +355,7 @@ class Llm42Config:
                 f"--llm42-max-pass-rows-per-step must be >= 1 (leave it out for no cap), got "
                 f"{self.max_pass_rows_per_step}"
             )
-        if self.verifier != ROW_INVARIANT:
+        if self.verifier == FIXED_SHAPE:
             raise ValueError(
                 f"--llm42-max-pass-rows-per-step needs --llm42-verifier {ROW_INVARIANT}, got "
                 f"--llm42-verifier {self.verifier}: a {self.verifier} pass costs B x W rows "

@@ -12,8 +12,10 @@ are gated the same way (`PROVEN_LORA_BACKENDS`) on a server with `--enable-lora`
     verdict = check("fa3", "fa3", allow_unproven=False)
     verdict.allowed, verdict.message  # False, "attention backend fa3 has no ..."
 
-Launched without `--attention-backend`, an llm42 server on an NVIDIA GPU serves on a proven
-backend instead of an unproven default of SGLang's (`auto_select`: FA3 on Hopper).
+Launched without `--attention-backend`, an llm42 server on an NVIDIA GPU serves on triton,
+where its default verifier runs row-invariant (`verifier_choice`), or with
+`--llm42-verifier fixed-shape` on a proven backend instead of an unproven default of SGLang's
+(`auto_select`: FA3 on Hopper).
 """
 
 from __future__ import annotations
@@ -89,10 +91,18 @@ def check(prefill: str, decode: str, *, allow_unproven: bool, auto_selected: boo
                 "their batch mates)")
 
 
-def auto_select(sglang_default: str, usable: tuple[str, ...]) -> tuple[str, str]:
+def auto_select(sglang_default: str, usable: tuple[str, ...],
+                prefer: tuple[str, str] | None = None) -> tuple[str, str]:
     """The attention backend of an llm42 server launched without one, and the log line saying
     which and why. `usable`: those of GPU_AUTO_BACKENDS that can run this model here (empty off
-    NVIDIA GPUs: SGLang's default then stays, and the gate judges it)."""
+    NVIDIA GPUs: SGLang's default then stays, and the gate judges it). `prefer`: (backend, why)
+    the server's verifier runs on, chosen over SGLang's default, proven or not, where usable."""
+    if prefer is not None and prefer[0] in usable and prefer[0] in PROVEN_BACKENDS:
+        chosen, why = prefer
+        if chosen == sglang_default:
+            return chosen, f"attention backend {chosen}: SGLang's default here, and {why}"
+        return chosen, (f"attention backend {chosen} instead of SGLang's default "
+                        f"{sglang_default}: {why}. --attention-backend chooses another")
     if sglang_default in PROVEN_BACKENDS:
         return sglang_default, (f"attention backend {sglang_default}: SGLang's default here, "
                                 "proven deterministic for llm42")

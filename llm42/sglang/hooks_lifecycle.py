@@ -4,7 +4,9 @@ its finishes (deferred until verified, or an abort dropping its candidates) and 
 
 from __future__ import annotations
 
-from llm42.core.config import ROW_INVARIANT
+import logging
+from dataclasses import replace
+
 from llm42.core.verify_round import withhold_finish
 from llm42.core.window import DetRequestState
 from llm42.sglang import (
@@ -12,13 +14,15 @@ from llm42.sglang import (
     inline_verify,
     kv_rollback,
     prefill_faults,
-    row_pass,
     runtime,
     speculation,
+    verifier_choice,
 )
 from llm42.sglang.keys import META_KEYS
 from llm42.sglang.request_fields import is_deterministic_params
 from llm42.sglang.request_state import attach, det_state, of
+
+logger = logging.getLogger(__name__)
 
 
 def scheduler_init_hook(result, scheduler, *args, **kwargs):
@@ -49,54 +53,14 @@ def scheduler_init_hook(result, scheduler, *args, **kwargs):
         scheduler.server_args, allow_unproven=config.allow_unproven_backend)
     if not verdict.allowed:
         raise ValueError(f"llm42: {verdict.message}")
-    unproven, rows = verdict.unproven_backend, None
-    if config.verifier == ROW_INVARIANT:
-        row_unproven, rows = _check_row_invariant(scheduler, config)
-        unproven = row_unproven or unproven
-    runtime.install(scheduler, config, unproven_backend=unproven, row_pass_rows=rows)
-
-
-def _check_row_invariant(scheduler, config) -> tuple[str | None, int]:
-    """--llm42-verifier row-invariant only on a decode attention backend whose row passes fix
-    each row's KV split, with a proof (or the override), and where its forwards' GEMMs keep each
-    row's bits whatever the other rows (checked on the loaded weights, `row_pass.check_linears`).
-    Returns what is unproven about it (None: nothing) and the rows of its forwards."""
-    import torch
-
-    device = torch.device(scheduler.device).type
-    rows = row_pass.rows_per_forward(device)
-    _, decode = scheduler.server_args.get_attention_backends()
-    if rows is None or decode != row_pass.ROW_PASS_BACKENDS.get(device):
-        raise ValueError(
-            f"llm42: --llm42-verifier row-invariant needs decode attention "
-            f"{row_pass.ROW_PASS_BACKENDS.get(device, '(none on this device)')} on {device} "
-            f"(got {decode}); serve with --llm42-verifier fixed-shape")
-    pool_rows = scheduler.req_to_token_pool.size
-    if pool_rows < rows:
-        raise ValueError(
-            f"llm42: --llm42-verifier row-invariant runs forwards of {rows} rows, but this "
-            f"server holds {pool_rows} requests (the attention backend sizes its batch buffers "
-            f"by that); pass --max-running-requests {rows} or more, or serve with "
-            "--llm42-verifier fixed-shape")
-    unproven = None
-    if row_pass.PROVEN_ROW_BACKENDS.get(device) != decode:
-        unproven = f"row-invariant:{decode}"
-        if not config.allow_unproven_backend:
-            raise ValueError(
-                f"llm42: --llm42-verifier row-invariant has no determinism proof on {device} "
-                f"{decode} yet (proven: {_proven_row_backends()}); pass "
-                "--llm42-allow-unproven-backend "
-                "to run it for a proof, or serve with --llm42-verifier fixed-shape")
-    problems = row_pass.check_linears(scheduler.tp_worker.model_runner.model, rows)
-    if problems:
-        raise ValueError("llm42: --llm42-verifier row-invariant refused, this device's GEMMs "
-                         "are not row-invariant at the pass shape: " + "; ".join(problems))
-    return unproven, rows
-
-
-def _proven_row_backends() -> str:
-    return ", ".join(f"{device} {backend}" for device, backend
-                     in row_pass.PROVEN_ROW_BACKENDS.items())
+    verifier, rows, row_unproven, line = verifier_choice.choose(config, scheduler)
+    if verifier != config.verifier:
+        config = replace(config, verifier=verifier)
+        config.validate(scheduler.model_config.context_len)  # flags valid for the other one
+    if getattr(scheduler, "tp_rank", 0) == 0:
+        logger.info("llm42: %s", line)
+    runtime.install(scheduler, config, unproven_backend=row_unproven or verdict.unproven_backend,
+                    row_pass_rows=rows)
 
 
 class _CounterView:

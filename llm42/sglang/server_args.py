@@ -13,9 +13,10 @@ import argparse
 import contextvars
 import sys
 import typing
+from dataclasses import replace
 
 from llm42.core.config import Llm42Config, setting_fields
-from llm42.sglang import backend_gate, speculation
+from llm42.sglang import backend_gate, speculation, verifier_choice
 
 _GROUP = "llm42 (selective deterministic inference)"
 _ENABLE_HELP = ("Serve requests that carry is_deterministic=true bitwise-reproducibly (decode on "
@@ -25,9 +26,10 @@ _TIMELINE_HELP = (
     "launched, verification passes, duration) to DIR/timeline-<pid>.jsonl; `python -m "
     "benchmarks.timeline DIR` summarizes them. Works without --enable-llm42 too (the timeline "
     "of a baseline server, to compare with llm42's).")
-# True while `from_cli_args` resolves the args of an llm42 server given no attention backend:
-# SGLang picks its default inside ServerArgs.__post_init__, before llm42's flags are attached.
-_AUTO_SELECT = contextvars.ContextVar("llm42_auto_select_backend", default=False)
+# The --llm42-verifier value while `from_cli_args` resolves the args of an llm42 server given
+# no attention backend (None otherwise): SGLang picks its default inside
+# ServerArgs.__post_init__, before llm42's flags are attached.
+_AUTO_SELECT = contextvars.ContextVar("llm42_auto_select_backend", default=None)
 
 
 def dest(flag: str) -> str:
@@ -84,17 +86,22 @@ def from_cli_args_hook(original, cls, args: argparse.Namespace):
             args.disable_overlap_schedule = True
             print("llm42: speculative decoding: the overlap scheduler is turned off",
                   file=sys.stderr)
-    token = _AUTO_SELECT.set(values["enable_llm42"] and _no_backend_given(args))
+    token = _AUTO_SELECT.set(values["llm42_verifier"] if values["enable_llm42"]
+                             and _no_backend_given(args) else None)
     try:
         server_args = original(cls, args)
     finally:
         _AUTO_SELECT.reset(token)
     if values["enable_llm42"]:
         try:
-            config_from_values(values, seed=server_args.random_seed,
-                               radix_cache=not server_args.disable_radix_cache).validate(
-                _context_length(server_args)
-            )
+            config = config_from_values(values, seed=server_args.random_seed,
+                                        radix_cache=not server_args.disable_radix_cache)
+            # the flags are checked against the verifier auto would run here; the scheduler,
+            # which alone sees the pool and the weights, checks them again if it falls back
+            _, decode = server_args.get_attention_backends()
+            verifier = verifier_choice.launch_verifier(
+                config, str(server_args.device or "cuda").split(":")[0], decode)
+            replace(config, verifier=verifier).validate(_context_length(server_args))
         except ValueError as exc:
             _fail(str(exc))
         refusal = speculation.check_server_args(server_args)
@@ -118,12 +125,15 @@ def from_cli_args_hook(original, cls, args: argparse.Namespace):
 
 def get_default_attn_backend_hook(original, self, use_mla_backend, model_config):
     """AROUND ServerArgs._get_default_attn_backend, SGLang's choice when no backend is given:
-    on an llm42 server, an unproven choice (FA3 on Hopper) becomes a proven one, logged."""
+    on an llm42 server, triton where the row-invariant verifier may run (it decodes only
+    there), else an unproven choice (FA3 on Hopper) becomes a proven one; logged."""
     backend = original(self, use_mla_backend, model_config)
-    if not _AUTO_SELECT.get():
+    verifier = _AUTO_SELECT.get()
+    if verifier is None:
         return backend
     chosen, line = backend_gate.auto_select(
-        backend, _usable_gpu_backends(self.device, use_mla_backend, model_config))
+        backend, _usable_gpu_backends(self.device, use_mla_backend, model_config),
+        prefer=verifier_choice.backend_preference(verifier, self.device))
     print(f"llm42: {line}", file=sys.stderr)
     return chosen
 
