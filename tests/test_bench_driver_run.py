@@ -29,7 +29,8 @@ def driver_run(tiny_model, tmp_path_factory) -> Path:
         "--window-sizes", "8,16", "--verify-batch-size", "4",
         # one llm42 start (W = 16) for both windows and the injected rows, switched at runtime
         "--switch-variants", "--variant-ratios", "1.0", "--inject-mismatch-rate", "1.0",
-        "--server-args", "--random-seed 7 --context-length 1024",
+        # the fixed-shape verifier: the checks below count its passes and injected windows
+        "--server-args", "--random-seed 7 --context-length 1024 --llm42-verifier fixed-shape",
         "--workload", ("--dataset-name random --random-input-len 32 --random-output-len 20 "
                        "--random-range-ratio 0.5"),
         "--bench-args", f"--num-prompts {SMOKE_PROMPTS} --seed 3",
