@@ -208,13 +208,14 @@ print("\nRESULTS " + json.dumps(results))
 @pytest.fixture(scope="module")
 def hopper_launches(tiny_model) -> list[dict]:
     base = ["--model-path", tiny_model, "--device", "cuda", "--max-total-tokens", "4096"]
-    fixed = base + ["--enable-llm42", "--llm42-verifier", "fixed-shape"]
+    llm42 = base + ["--enable-llm42"]
     runs = [
-        (True, base + ["--enable-llm42"]),  # no backend given, FlashInfer installed
-        (False, fixed),  # no backend given, no FlashInfer
+        (True, llm42),  # no backend given, FlashInfer installed (the fixed-shape default)
+        (False, llm42),  # no backend given, no FlashInfer
         (True, base),  # plain SGLang: its own default, untouched
-        (True, base + ["--enable-llm42", "--attention-backend", "fa3"]),  # explicitly unproven
-        (True, fixed),  # no backend given, FlashInfer installed, the fixed-shape verifier
+        (True, llm42 + ["--attention-backend", "fa3"]),  # explicitly unproven
+        (True, llm42 + ["--llm42-verifier", "auto"]),  # row-invariant wherever it can run
+        (True, llm42 + ["--llm42-verifier", "row-invariant"]),
     ]
     env = {k: v for k, v in os.environ.items() if k != "SGLANG_USE_CPU_ENGINE"}
     res = subprocess.run([sys.executable, "-c", _HOPPER_SCRIPT, json.dumps(runs)],
@@ -223,25 +224,28 @@ def hopper_launches(tiny_model) -> list[dict]:
     return json.loads(res.stdout.rsplit("\nRESULTS ", 1)[1])
 
 
-def test_hopper_launch_without_a_backend_serves_triton_and_logs_why(hopper_launches):
-    """The default verifier (auto) runs row-invariant where it can, which decodes on triton:
-    a default Hopper launch serves triton instead of being refused or running fixed-shape."""
-    auto, _, plain, _, _ = hopper_launches
+def test_hopper_launch_without_a_backend_serves_flashinfer_and_logs_why(hopper_launches):
+    default, no_flashinfer, plain = hopper_launches[:3]
     assert plain["backends"] == ["fa3", "fa3"], "the simulation must give SGLang's Hopper default"
-    assert auto["code"] == "accepted", auto["stderr"][-2000:]
-    assert auto["backends"] == ["triton", "triton"]
-    [line] = [ln for ln in auto["stderr"].splitlines() if ln.startswith("llm42: attention")]
-    assert "triton instead of SGLang's default fa3" in line and "row-invariant" in line, line
-    assert "llm42:" not in plain["stderr"], "a server without --enable-llm42 is left alone"
-
-
-def test_hopper_launch_of_the_fixed_shape_verifier_serves_flashinfer(hopper_launches):
-    _, no_flashinfer, _, _, fixed = hopper_launches
-    assert fixed["code"] == "accepted", fixed["stderr"][-2000:]
-    assert fixed["backends"] == ["flashinfer", "flashinfer"]
-    [line] = [ln for ln in fixed["stderr"].splitlines() if ln.startswith("llm42: attention")]
+    assert default["code"] == "accepted", default["stderr"][-2000:]
+    assert default["backends"] == ["flashinfer", "flashinfer"]
+    [line] = [ln for ln in default["stderr"].splitlines() if ln.startswith("llm42: attention")]
     assert "flashinfer instead of SGLang's default fa3" in line and "not measured yet" in line
+    assert "llm42:" not in plain["stderr"], "a server without --enable-llm42 is left alone"
     assert no_flashinfer["backends"] == ["triton", "triton"], no_flashinfer["stderr"][-2000:]
+
+
+@pytest.mark.parametrize("index, verifier", [(4, "auto"), (5, "row-invariant")])
+def test_hopper_launch_of_the_row_invariant_verifier_serves_triton(hopper_launches, index,
+                                                                   verifier):
+    """The row-invariant verifier decodes only on triton: a launch that may run it and names no
+    backend serves triton (it was refused: FlashInfer was picked), and the line says why."""
+    launch = hopper_launches[index]
+    assert launch["code"] == "accepted", launch["stderr"][-2000:]
+    assert launch["backends"] == ["triton", "triton"]
+    [line] = [ln for ln in launch["stderr"].splitlines() if ln.startswith("llm42: attention")]
+    assert "triton instead of SGLang's default fa3" in line, line
+    assert f"row-invariant verifier (--llm42-verifier {verifier})" in line, line
 
 
 def test_hopper_launch_with_an_explicit_unproven_backend_is_still_refused(hopper_launches):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from llm42.core.config import Llm42Config
-from llm42.sglang import row_pass, runtime, verifier_choice
+from llm42.sglang import hooks_lifecycle, row_pass, runtime, verifier_choice
 
 
 def _model():
@@ -88,7 +88,7 @@ def _scheduler(device: str, decode: str, pool_rows: int = 256):
 
 def _row_invariant(scheduler, config):
     """An explicit row-invariant verifier's (unproven, rows), or its refusal."""
-    verifier, rows, unproven, line = verifier_choice.choose(config, scheduler)
+    verifier, rows, unproven, line = hooks_lifecycle.choose_verifier(config, scheduler)
     assert verifier == "row-invariant", line
     return unproven, rows
 
@@ -102,7 +102,7 @@ def test_the_gate_refuses_a_row_invariant_launch_without_a_proof(monkeypatch):
         None, row_pass.ROWS_PER_FORWARD["cpu"])
     assert _row_invariant(_scheduler("cuda", "triton"), config) == (
         None, row_pass.ROWS_PER_FORWARD["cuda"])
-    monkeypatch.setattr(row_pass, "PROVEN_ROW_BACKENDS", {"cpu": "torch_native"})
+    monkeypatch.setattr(verifier_choice, "PROVEN_ROW_BACKENDS", {"cpu": "torch_native"})
     with pytest.raises(ValueError, match=r"no determinism proof on cuda triton yet \(proven: "
                                          r"cpu torch_native\)"):
         _row_invariant(_scheduler("cuda", "triton"), config)
@@ -114,15 +114,14 @@ def test_the_gate_refuses_a_row_invariant_launch_without_a_proof(monkeypatch):
 
 
 def test_auto_runs_row_invariant_wherever_it_can_and_says_why_not(monkeypatch):
-    """--llm42-verifier auto (the default): row-invariant on a proven row-pass backend with
+    """--llm42-verifier auto: row-invariant on a proven row-pass backend with
     enough pool rows and row-invariant GEMMs; otherwise fixed-shape, never refused, with a log
     line naming the obstacle and the flag that removes it. An explicit fixed-shape is kept, and
     auto never picks an unproven row-invariant verifier, override or not."""
-    auto, rows = Llm42Config(), row_pass.rows_per_forward("cuda")
-    assert auto.verifier == "auto"
+    auto, rows = Llm42Config(verifier="auto"), row_pass.rows_per_forward("cuda")
 
     def chosen(scheduler, config=auto):
-        verifier, got_rows, unproven, line = verifier_choice.choose(config, scheduler)
+        verifier, got_rows, unproven, line = hooks_lifecycle.choose_verifier(config, scheduler)
         assert (got_rows is None) == (verifier == "fixed-shape") and unproven is None, line
         return verifier, line
 
@@ -139,8 +138,8 @@ def test_auto_runs_row_invariant_wherever_it_can_and_says_why_not(monkeypatch):
     verifier, line = chosen(_scheduler("cuda", "triton"))
     assert verifier == "fixed-shape" and "o_proj: a row changes" in line, line
     monkeypatch.undo()
-    monkeypatch.setattr(row_pass, "PROVEN_ROW_BACKENDS", {"cpu": "torch_native"})
-    override = Llm42Config(allow_unproven_backend=True)
+    monkeypatch.setattr(verifier_choice, "PROVEN_ROW_BACKENDS", {"cpu": "torch_native"})
+    override = Llm42Config(verifier="auto", allow_unproven_backend=True)
     verifier, line = chosen(_scheduler("cuda", "triton"), override)
     assert verifier == "fixed-shape" and "no determinism proof on cuda triton" in line, line
 
@@ -148,25 +147,27 @@ def test_auto_runs_row_invariant_wherever_it_can_and_says_why_not(monkeypatch):
 def test_a_row_invariant_flag_makes_auto_a_request_for_it():
     """A flag only the row-invariant verifier has turns auto into a request for it: refused
     where it cannot run (naming the fix), instead of the flag being ignored silently."""
-    capped = Llm42Config(max_pass_rows_per_step=64)
+    capped = Llm42Config(verifier="auto", max_pass_rows_per_step=64)
     assert capped.requested_verifier == "row-invariant"
-    assert verifier_choice.choose(capped, _scheduler("cuda", "triton"))[0] == "row-invariant"
+    assert hooks_lifecycle.choose_verifier(capped, _scheduler("cuda", "triton"))[0] == \
+        "row-invariant"
     with pytest.raises(ValueError, match="cannot run here: it needs decode attention triton"):
-        verifier_choice.choose(capped, _scheduler("cuda", "flashinfer"))
-    inline = Llm42Config(inline_verify=True)
+        hooks_lifecycle.choose_verifier(capped, _scheduler("cuda", "flashinfer"))
+    inline = Llm42Config(verifier="auto", inline_verify=True)
     with pytest.raises(ValueError, match="serve with --llm42-verifier fixed-shape"):
-        verifier_choice.choose(inline, _scheduler("cuda", "triton", 8))
-    assert Llm42Config(inline_verify=False).requested_verifier == "auto"
+        hooks_lifecycle.choose_verifier(inline, _scheduler("cuda", "triton", 8))
+    assert Llm42Config(verifier="auto", inline_verify=False).requested_verifier == "auto"
 
 
 def test_the_launcher_validates_flags_against_the_verifier_auto_would_run():
     """Where the launcher sees row-invariant's backend it validates as row-invariant (the
     scheduler re-checks if it falls back); elsewhere as fixed-shape. Without a backend given,
     auto and row-invariant prefer the row-invariant verifier's decode backend."""
-    assert verifier_choice.launch_verifier(Llm42Config(), "cuda", "triton") == "row-invariant"
-    assert verifier_choice.launch_verifier(Llm42Config(), "cuda", "flashinfer") == "fixed-shape"
-    assert verifier_choice.launch_verifier(Llm42Config(), "cpu", "torch_native") == \
-        "row-invariant"
+    auto = Llm42Config(verifier="auto")
+    assert verifier_choice.launch_verifier(auto, "cuda", "triton") == "row-invariant"
+    assert verifier_choice.launch_verifier(auto, "cuda", "flashinfer") == "fixed-shape"
+    assert verifier_choice.launch_verifier(auto, "cpu", "torch_native") == "row-invariant"
+    assert verifier_choice.launch_verifier(Llm42Config(), "cuda", "triton") == "fixed-shape"
     assert verifier_choice.launch_verifier(Llm42Config(verifier="fixed-shape"), "cuda",
                                            "triton") == "fixed-shape"
     assert verifier_choice.backend_preference("auto", "cuda")[0] == "triton"

@@ -32,7 +32,7 @@ PUBLISHED_FLAGS = {
     "llm42_timeline_dir": None,
     "llm42_benchmark_modes": False,
     "llm42_fp32_logits": True,
-    "llm42_verifier": "auto",
+    "llm42_verifier": "fixed-shape",
     "llm42_inline_verify": None,
     "llm42_inline_pad_ratio": 2.0,
     "llm42_inline_prefill": True,
@@ -121,4 +121,4 @@ def test_inline_verify_follows_the_row_invariant_verifier():
     assert not Llm42Config(verifier="fixed-shape").uses_inline_verify
     with pytest.raises(ValueError, match="--llm42-inline-verify needs --llm42-verifier"):
         Llm42Config(verifier="fixed-shape", inline_verify=True).validate()
-    Llm42Config(inline_verify=True).validate()  # auto: a request for row-invariant
+    Llm42Config(verifier="auto", inline_verify=True).validate()  # a request for row-invariant

@@ -12,10 +12,9 @@ are gated the same way (`PROVEN_LORA_BACKENDS`) on a server with `--enable-lora`
     verdict = check("fa3", "fa3", allow_unproven=False)
     verdict.allowed, verdict.message  # False, "attention backend fa3 has no ..."
 
-Launched without `--attention-backend`, an llm42 server on an NVIDIA GPU serves on triton,
-where its default verifier runs row-invariant (`verifier_choice`), or with
-`--llm42-verifier fixed-shape` on a proven backend instead of an unproven default of SGLang's
-(`auto_select`: FA3 on Hopper).
+Launched without `--attention-backend`, an llm42 server on an NVIDIA GPU serves on a proven
+backend instead of an unproven default of SGLang's (`auto_select`: FA3 on Hopper), and on triton
+where its verifier may be the row-invariant one, which decodes only there (`verifier_choice`).
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
+from llm42.core.config import FIXED_SHAPE, ROW_INVARIANT
 from llm42.core.verify_round import withhold_finish
 from llm42.core.window import DetRequestState
 from llm42.sglang import (
@@ -14,6 +15,7 @@ from llm42.sglang import (
     inline_verify,
     kv_rollback,
     prefill_faults,
+    row_pass,
     runtime,
     speculation,
     verifier_choice,
@@ -53,7 +55,7 @@ def scheduler_init_hook(result, scheduler, *args, **kwargs):
         scheduler.server_args, allow_unproven=config.allow_unproven_backend)
     if not verdict.allowed:
         raise ValueError(f"llm42: {verdict.message}")
-    verifier, rows, row_unproven, line = verifier_choice.choose(config, scheduler)
+    verifier, rows, row_unproven, line = choose_verifier(config, scheduler)
     if verifier != config.verifier:
         config = replace(config, verifier=verifier)
         config.validate(scheduler.model_config.context_len)  # flags valid for the other one
@@ -61,6 +63,25 @@ def scheduler_init_hook(result, scheduler, *args, **kwargs):
         logger.info("llm42: %s", line)
     runtime.install(scheduler, config, unproven_backend=row_unproven or verdict.unproven_backend,
                     row_pass_rows=rows)
+
+
+def choose_verifier(config, scheduler) -> tuple[str, int | None, str | None, str]:
+    """(verifier, rows of its forwards or None, what is unproven about it or None, the log
+    line): `verifier_choice.choose` on this scheduler's device, pool and loaded weights."""
+    import torch
+
+    if config.requested_verifier == FIXED_SHAPE:  # nothing about the server to look at
+        return FIXED_SHAPE, None, None, verifier_choice.FIXED_LINE
+    device = torch.device(scheduler.device).type
+    _, decode = scheduler.server_args.get_attention_backends()
+    rows = row_pass.rows_per_forward(device)
+    model = scheduler.tp_worker.model_runner.model
+    verifier, line = verifier_choice.choose(
+        config, device, decode, pool_rows=scheduler.req_to_token_pool.size, rows=rows,
+        linear_problems=lambda n: row_pass.check_linears(model, n))
+    if verifier != ROW_INVARIANT:
+        return verifier, None, None, line
+    return verifier, rows, verifier_choice.unproven(device, decode), line
 
 
 class _CounterView:

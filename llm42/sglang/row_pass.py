@@ -53,13 +53,6 @@ ROWS_ENV = "LLM42_ROW_PASS_ROWS"
 # for every row. Still a function of the row alone (as SGLang's deterministic mode splits by a
 # tile), fewer splits for short rows. It changes outputs.
 KV_TILE_ENV = "LLM42_ROW_PASS_KV_TILE"
-# Device type -> the decode attention backend whose row-invariant passes have a proof: CPU's
-# torch_native (tests/test_row_invariant.py), CUDA's triton with fixed KV splits inside row
-# passes (`static_kv_splits_hook`; H100: alone vs among 64 background requests, and W 16 B 32 vs
-# W 64 B 4 on two server starts, benchmarks/results/h100-2026-12-06-row-invariant-proof). A
-# backend listed in ROW_PASS_BACKENDS but not here needs --llm42-allow-unproven-backend.
-PROVEN_ROW_BACKENDS = {"cpu": "torch_native", "cuda": "triton"}
-ROW_PASS_BACKENDS = {"cpu": "torch_native", "cuda": "triton"}
 
 
 def rows_per_forward(device_type: str) -> int | None:
