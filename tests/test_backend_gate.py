@@ -132,6 +132,24 @@ def test_the_stats_report_the_unproven_backend(scheduler_init, backend, allow, r
 
 
 
+def test_a_fallback_from_auto_revalidates_the_flags(scheduler_init):
+    """The launcher validated the flags against the row-invariant verifier; a scheduler that
+    falls back to fixed-shape checks them again: prefix sharing without batched prefill is
+    valid under row-invariant only, so the fallback stops the start, naming the flag."""
+    scheduler = _scheduler("flashinfer", "flashinfer", allow=False)
+    scheduler.server_args.__dict__.update(llm42_verifier="auto", llm42_prefix_cache=True,
+                                          llm42_batched_prefill=False)
+    scheduler.__dict__.update(device="cuda", req_to_token_pool=SimpleNamespace(size=256),
+                              tp_worker=SimpleNamespace(model_runner=SimpleNamespace(model=None)))
+    with pytest.raises(ValueError, match="--llm42-prefix-cache shares prompt KV written by "
+                                         "prompt passes"):
+        scheduler_init(scheduler)
+    assert runtime.RUNTIME is None
+    scheduler.server_args.llm42_batched_prefill = True  # valid for both: started, fixed-shape
+    scheduler_init(scheduler)
+    assert runtime.RUNTIME.snapshot()["verifier"] == "fixed-shape"
+
+
 AUTO_CASES = [
     # (SGLang's default, usable here) -> llm42's backend
     ("fa3", ("flashinfer", "triton"), "flashinfer"),  # Hopper: FA3 has no proof
