@@ -14,6 +14,7 @@ VERIFY_BATCH = 4
 CONTEXT = 1024
 CHUNK = 32  # --chunked-prefill-size of batched_server
 SOLO_MIN = 300  # --llm42-solo-prefill-min-tokens of batched_server
+SESSION_SERVERS = ("llm42_server", "inject_server", "batched_server", "plain_server")
 
 
 @pytest.fixture(scope="session")
@@ -155,9 +156,36 @@ def wait_idle_and_healthy(server, timeout: float = 120.0) -> None:
 @pytest.fixture(autouse=True)
 def _servers_stay_clean(request):
     yield
-    for name in ("llm42_server", "inject_server", "batched_server", "plain_server"):
+    for name in SESSION_SERVERS:
         if name in request.fixturenames:
             wait_idle_and_healthy(request.getfixturevalue(name))
+
+
+def worker_group(servers: set[str], module: str) -> str:
+    """The xdist group of a module's tests (`make test` runs two workers, `--dist loadgroup`).
+
+    A module's tests stay together, so its module-scoped servers start once. Modules that use
+    the session servers share a group, so each of those starts once per group: one group for
+    the modules that need only `inject_server` (a reference for the speculative and parallel
+    layouts' servers, about a quarter of the suite's time) and one for the rest of them. Both
+    workers then start an `inject_server` (about 20 s) and finish at about the same time; every
+    other module is a group of its own, which the second worker takes between its long ones.
+    """
+    if not servers:
+        return module
+    return "inject-server-only" if servers == {"inject_server"} else "session-servers"
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    used: dict[str, set[str]] = {}
+    for item in items:
+        used.setdefault(item.module.__name__, set()).update(
+            set(item.fixturenames) & set(SESSION_SERVERS))
+    for item in items:
+        module = item.module.__name__
+        item.add_marker(pytest.mark.xdist_group(worker_group(used[module], module)))
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
