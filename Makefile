@@ -26,7 +26,7 @@ $(STAMP): $(REQS)
 	touch $@
 
 test: venv
-	$(PY) -m pytest -x -q -m "not slow" -n 2 --dist loadgroup
+	$(PY) -m pytest -x -q -m "not slow" -n 2 --dist loadscope
 
 demo: venv
 	$(PY) -m llm42.demo

@@ -161,31 +161,18 @@ def _servers_stay_clean(request):
             wait_idle_and_healthy(request.getfixturevalue(name))
 
 
-def worker_group(servers: set[str], module: str) -> str:
-    """The xdist group of a module's tests (`make test` runs two workers, `--dist loadgroup`).
+def pytest_configure(config):
+    if config.pluginmanager.hasplugin("xdist"):  # `make test`: two workers (xdist_groups.py)
+        from xdist_groups import ServerGroups
 
-    A module's tests stay together, so its module-scoped servers start once. Modules that use
-    the session servers share a group, so each of those starts once per group: one group for
-    the modules that need only `inject_server` (a reference for the speculative and parallel
-    layouts' servers, about a quarter of the suite's time) and one for the rest of them. Both
-    workers then start an `inject_server` (about 20 s) and finish at about the same time; every
-    other module is a group of its own, which the second worker takes between its long ones.
-    """
-    if not servers:
-        return module
-    return "inject-server-only" if servers == {"inject_server"} else "session-servers"
+        config.pluginmanager.register(ServerGroups(), "llm42-server-groups")
 
 
 def pytest_collection_modifyitems(config, items):
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    used: dict[str, set[str]] = {}
-    for item in items:
-        used.setdefault(item.module.__name__, set()).update(
-            set(item.fixturenames) & set(SESSION_SERVERS))
-    for item in items:
-        module = item.module.__name__
-        item.add_marker(pytest.mark.xdist_group(worker_group(used[module], module)))
+    if hasattr(config, "workerinput"):
+        from xdist_groups import write_groups
+
+        write_groups(items, SESSION_SERVERS)
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
