@@ -11,6 +11,10 @@ module's tests stay on one worker, and the modules that share session servers st
   speculative and parallel-layout servers), about a quarter. The second worker starts its own
   `inject_server` (20 s) for them and takes every other module between them.
 
+On this project's 2-core machine that ran the tests in 19 minutes instead of 29, both workers
+finishing within about a minute of each other, with at most 19 GB of memory in use (15 GB for
+one worker).
+
 xdist's own `--dist loadgroup` would do this from `xdist_group` marks, but on pytest 9.2 it
 silently distributes test by test (pytest-xdist issue 1386: the group rides on the node id,
 which pytest no longer lets a plugin change). So the workers, which collect the tests and see
