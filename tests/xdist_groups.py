@@ -44,11 +44,16 @@ def group_of(servers: set[str], module: str) -> str:
     return INJECT_ONLY if servers == {"inject_server"} else SESSION
 
 
+def _module(nodeid: str) -> str:
+    """A node id's module file: the workers' keys and the controller's lookups must agree."""
+    return nodeid.split("::")[0]
+
+
 def module_groups(items, session_servers) -> dict[str, str]:
     """Each collected module's file (as in node ids) -> its group."""
     used: dict[str, set[str]] = {}
     for item in items:
-        used.setdefault(item.nodeid.split("::")[0], set()).update(
+        used.setdefault(_module(item.nodeid), set()).update(
             set(item.fixturenames) & set(session_servers))
     return {path: group_of(servers, path) for path, servers in used.items()}
 
@@ -89,7 +94,7 @@ class ServerGroupScheduling(LoadScopeScheduling):
     def _split_scope(self, nodeid: str) -> str:
         if self._groups is None:
             self._groups = json.loads(Path(os.environ[GROUPS_ENV]).read_text())
-        module = nodeid.split("::")[0]
+        module = _module(nodeid)
         if module not in self._groups:
             raise RuntimeError(f"{module}: no test group ({GROUPS_ENV} file of the workers)")
         return self._groups[module]
