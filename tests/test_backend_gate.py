@@ -227,12 +227,13 @@ print("\nRESULTS " + json.dumps(results))
 def hopper_launches(tiny_model) -> list[dict]:
     base = ["--model-path", tiny_model, "--device", "cuda", "--max-total-tokens", "4096"]
     llm42 = base + ["--enable-llm42"]
+    fixed = llm42 + ["--llm42-verifier", "fixed-shape"]
     runs = [
-        (True, llm42),  # no backend given, FlashInfer installed (the fixed-shape default)
-        (False, llm42),  # no backend given, no FlashInfer
+        (True, llm42),  # the defaults: auto, row-invariant wherever it can run
+        (True, fixed),  # no backend given, FlashInfer installed
+        (False, fixed),  # no backend given, no FlashInfer
         (True, base),  # plain SGLang: its own default, untouched
         (True, llm42 + ["--attention-backend", "fa3"]),  # explicitly unproven
-        (True, llm42 + ["--llm42-verifier", "auto"]),  # row-invariant wherever it can run
         (True, llm42 + ["--llm42-verifier", "row-invariant"]),
     ]
     env = {k: v for k, v in os.environ.items() if k != "SGLANG_USE_CPU_ENGINE"}
@@ -242,22 +243,25 @@ def hopper_launches(tiny_model) -> list[dict]:
     return json.loads(res.stdout.rsplit("\nRESULTS ", 1)[1])
 
 
-def test_hopper_launch_without_a_backend_serves_flashinfer_and_logs_why(hopper_launches):
-    default, no_flashinfer, plain = hopper_launches[:3]
+def test_hopper_launch_of_the_fixed_shape_verifier_serves_flashinfer_and_logs_why(
+        hopper_launches):
+    """fixed-shape without a backend: FlashInfer where installed (proven for its passes), else
+    triton; plain SGLang keeps its own default."""
+    fixed, no_flashinfer, plain = hopper_launches[1:4]
     assert plain["backends"] == ["fa3", "fa3"], "the simulation must give SGLang's Hopper default"
-    assert default["code"] == "accepted", default["stderr"][-2000:]
-    assert default["backends"] == ["flashinfer", "flashinfer"]
-    [line] = [ln for ln in default["stderr"].splitlines() if ln.startswith("llm42: attention")]
+    assert fixed["code"] == "accepted", fixed["stderr"][-2000:]
+    assert fixed["backends"] == ["flashinfer", "flashinfer"]
+    [line] = [ln for ln in fixed["stderr"].splitlines() if ln.startswith("llm42: attention")]
     assert "flashinfer instead of SGLang's default fa3" in line and "not measured yet" in line
     assert "llm42:" not in plain["stderr"], "a server without --enable-llm42 is left alone"
     assert no_flashinfer["backends"] == ["triton", "triton"], no_flashinfer["stderr"][-2000:]
 
 
-@pytest.mark.parametrize("index, verifier", [(4, "auto"), (5, "row-invariant")])
+@pytest.mark.parametrize("index, verifier", [(0, "auto"), (5, "row-invariant")])
 def test_hopper_launch_of_the_row_invariant_verifier_serves_triton(hopper_launches, index,
                                                                    verifier):
     """The row-invariant verifier decodes only on triton: a launch that may run it and names no
-    backend serves triton (it was refused: FlashInfer was picked), and the line says why."""
+    backend (the default launch among them) serves triton, and the line says why."""
     launch = hopper_launches[index]
     assert launch["code"] == "accepted", launch["stderr"][-2000:]
     assert launch["backends"] == ["triton", "triton"]
@@ -267,7 +271,7 @@ def test_hopper_launch_of_the_row_invariant_verifier_serves_triton(hopper_launch
 
 
 def test_hopper_launch_with_an_explicit_unproven_backend_is_still_refused(hopper_launches):
-    refused = hopper_launches[3]
+    refused = hopper_launches[4]
     assert refused["code"] == 2, refused
     error = refused["stderr"][refused["stderr"].index("llm42: error:"):]
     assert "attention backend fa3 has no determinism proof" in error, error

@@ -125,8 +125,9 @@ def test_links_resolve(page):
 
 
 # Settings whose defaults decide a headline number (echoed by /llm42_stats, recorded in results).
-_HEADLINE_SETTINGS = ("window_size", "verify_batch_size", "max_verify_wait", "fp32_logits",
-                      "batched_prefill", "overlap_verify", "max_finish_wait", "defaults_version")
+_HEADLINE_SETTINGS = ("verifier", "window_size", "verify_batch_size", "max_verify_wait",
+                      "fp32_logits", "batched_prefill", "overlap_verify", "max_finish_wait",
+                      "defaults_version")
 _OLDER_DEFAULTS = "previous defaults"  # how a caption or row says it predates the defaults
 
 
@@ -159,6 +160,20 @@ def _llm42_records(target: Path) -> list[dict]:
             if rec.get("config") == "llm42" and not rec.get("skipped")]
 
 
+def _benchmark_defaults() -> dict:
+    """The settings a default launch echoes on the benchmarks' GPU (triton, 256 requests):
+    `--llm42-verifier auto` resolves to row-invariant there, and the settings that default by
+    the verifier follow it."""
+    from dataclasses import replace
+
+    from llm42.core.config import AUTO, ROW_INVARIANT, Llm42Config
+
+    config = Llm42Config()
+    if config.verifier == AUTO:
+        config = replace(config, verifier=ROW_INVARIANT)
+    return config.echo()
+
+
 def _ran_at_defaults(record: dict, defaults: dict) -> bool:
     stats = record.get("llm42_stats") or {}
     return all(stats.get(key) == defaults[key] for key in _HEADLINE_SETTINGS)
@@ -168,9 +183,7 @@ def test_headline_rows_come_from_the_defaults_or_say_so():
     """Each row of the README's headline table links a results file with an llm42 run at the
     defaults in force (the settings /llm42_stats recorded, `defaults_version` included), unless
     the caption or the row says it comes from the previous defaults."""
-    from llm42.core.config import Llm42Config
-
-    defaults = Llm42Config().echo()
+    defaults = _benchmark_defaults()
     refs = dict(re.findall(r"^\[([^\]]+)\]: (\S+)", README.read_text(), re.M))
     tables = _headline()
     assert tables and tables[0][1], "the README has no headline table"
@@ -189,13 +202,12 @@ def test_headline_rows_come_from_the_defaults_or_say_so():
 
 def test_headline_check_tells_defaults_apart():
     """The check above fails a record of other settings or of an older defaults version."""
-    from llm42.core.config import Llm42Config
-
-    defaults = Llm42Config().echo()
+    defaults = _benchmark_defaults()
     record = {"llm42_stats": {key: defaults[key] for key in _HEADLINE_SETTINGS}}
     assert _ran_at_defaults(record, defaults)
     for key, other in (("window_size", 16), ("fp32_logits", False), ("overlap_verify", False),
-                       ("max_finish_wait", 0), ("defaults_version", 4)):
+                       ("max_finish_wait", 16), ("defaults_version", 5),
+                       ("verifier", "fixed-shape")):
         assert not _ran_at_defaults({"llm42_stats": {**record["llm42_stats"], key: other}},
                                     defaults), key
     assert not _ran_at_defaults({}, defaults)

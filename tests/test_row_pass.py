@@ -167,7 +167,8 @@ def test_the_launcher_validates_flags_against_the_verifier_auto_would_run():
     assert verifier_choice.launch_verifier(auto, "cuda", "triton") == "row-invariant"
     assert verifier_choice.launch_verifier(auto, "cuda", "flashinfer") == "fixed-shape"
     assert verifier_choice.launch_verifier(auto, "cpu", "torch_native") == "row-invariant"
-    assert verifier_choice.launch_verifier(Llm42Config(), "cuda", "triton") == "fixed-shape"
+    assert verifier_choice.launch_verifier(Llm42Config(), "cuda", "triton") == "row-invariant"
+    assert verifier_choice.launch_verifier(Llm42Config(), "cuda", "flashinfer") == "fixed-shape"
     assert verifier_choice.launch_verifier(Llm42Config(verifier="fixed-shape"), "cuda",
                                            "triton") == "fixed-shape"
     assert verifier_choice.backend_preference("auto", "cuda")[0] == "triton"

@@ -32,7 +32,7 @@ PUBLISHED_FLAGS = {
     "llm42_timeline_dir": None,
     "llm42_benchmark_modes": False,
     "llm42_fp32_logits": True,
-    "llm42_verifier": "fixed-shape",
+    "llm42_verifier": "auto",
     "llm42_inline_verify": None,
     "llm42_inline_pad_ratio": 2.0,
     "llm42_inline_prefill": True,

@@ -21,9 +21,11 @@ DEFAULT_SOLO_PREFILL_MIN_TOKENS = 1024
 # (1: W 64, B 8, bf16 logits; 2: W 16, B 32, fp32 logits for every row; 3: fp32 logits for
 # deterministic and pass rows only; 4: W 64, B 8 again, overlap-verify on: issue 33's 8B
 # ShareGPT throughput, docs/tuning.md; 5: a finishing window waits like a full one,
-# --llm42-max-finish-wait). `/llm42_stats` reports it, so benchmark results record
-# it and the README's headline rows can be checked against the defaults in force.
-DEFAULTS_VERSION = 5
+# --llm42-max-finish-wait; 6: --llm42-verifier auto, row-invariant where it can run: outputs
+# depend on the request alone, and issue 34's 8B ShareGPT numbers favour it). `/llm42_stats`
+# reports it, so benchmark results record it and the README's headline rows can be checked
+# against the defaults in force.
+DEFAULTS_VERSION = 6
 
 
 def _setting(default, flag: str | None, help: str, *, echo_as: str | None = None,
@@ -48,7 +50,7 @@ class Llm42Config:
         "Tokens decoded per deterministic request before they are verified (W).")
     verify_batch_size: int = _setting(
         8, "--llm42-verify-batch-size",
-        "Rows per verification pass (B); the pass always has B x W tokens.")
+        "Rows per verification pass (B); a fixed-shape pass always has B x W tokens.")
     inject_mismatch_rate: float = _setting(
         0.0, "--llm42-inject-mismatch-rate",
         "Fault injection for tests/benchmarks: probability that a verification window gets one "
@@ -136,15 +138,15 @@ class Llm42Config:
         "that is exact, checked per batch size on the device; else a recompute of the "
         "deterministic rows).")
     verifier: str = _setting(
-        FIXED_SHAPE, "--llm42-verifier",
-        "How verification passes compute. fixed-shape (default) runs every pass as one B x W "
+        AUTO, "--llm42-verifier",
+        "How verification passes compute. fixed-shape runs every pass as one B x W "
         "extend forward, so outputs also depend on W, B and the prefill flags. row-invariant "
         "runs each entry as a decode row of its own in forwards of a fixed row count, so a "
         "deterministic output depends on the request alone (not on W, B, the prefill path or "
         "the prefix cache); proven on CPU (torch_native) and CUDA (triton decode attention). "
-        "auto: row-invariant where it can run (its decode attention backend, at least its "
-        "forward's rows of --max-running-requests, GEMMs checked row-invariant at startup), "
-        "else fixed-shape; the log and /llm42_stats say which.")
+        "auto (default): row-invariant where it can run (its decode attention backend, at "
+        "least its forward's rows of --max-running-requests, GEMMs checked row-invariant at "
+        "startup), else fixed-shape; the log and /llm42_stats say which.")
     inline_verify: bool | None = _setting(
         None, "--llm42-inline-verify",
         "With --llm42-verifier row-invariant: a decode step of at most the verifier's forward "
