@@ -354,6 +354,7 @@ restore_jit_cache() {
 }
 
 save_jit_cache() {
+  [[ $DRY_RUN != 1 ]] || { log "dry run: would pack the kernel caches"; return 0; }
   local dirs=() d
   for d in "${JIT_DIRS[@]}"; do [[ -d $HOME/$d ]] && dirs+=("$d"); done
   [[ ${#dirs[@]} -gt 0 ]] || { log "no kernel caches under $HOME"; return 0; }
