@@ -27,6 +27,7 @@ budget.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import re
 import shlex
@@ -172,8 +173,11 @@ def price_row_invariance(argv: list[str], root: Path, guess_s: float) -> Priced:
 
 def recorded_proofs(root: Path = RESULTS_ROOT) -> list[dict]:
     out = []
-    for path in sorted(root.rglob("proof.json")):
-        proof = json.loads(path.read_text(encoding="utf-8"))
+    # big proofs are committed gzipped (proof.json.gz)
+    for path in sorted([*root.rglob("proof.json"), *root.rglob("proof.json.gz")]):
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            proof = json.load(f)
         out.append({**proof, "_file": str(path.relative_to(root))})
     return out
 
