@@ -208,14 +208,17 @@ _PLAIN_MODE = {"skip_compare": False, "inject_mismatch_rate": 0.0}
 # What POST /llm42_benchmark_mode can switch: configs differing only in these share a server.
 _SWITCHABLE = ("llm42", "llm42-skip-compare", "llm42-inject")
 # --llm42-args flags the endpoint switches too (pass scheduling: when and by which forward a row
-# is verified, never what it returns), flag -> (mode field, its value's type; None: a switch).
+# is verified, and which batch a prompt prefills in, never what a row-invariant verifier
+# returns), flag -> (mode field, its value's type; None: a switch).
 _SCHEDULING_FLAGS = {"--llm42-max-verify-wait": ("max_verify_wait", int),
                      "--llm42-overlap-verify": ("overlap_verify", None),
                      "--no-llm42-overlap-verify": ("overlap_verify", None),
                      "--llm42-max-finish-wait": ("max_finish_wait", int),
                      "--llm42-inline-pad-ratio": ("inline_pad_ratio", float),
                      "--llm42-inline-prefill": ("inline_prefill", None),
-                     "--no-llm42-inline-prefill": ("inline_prefill", None)}
+                     "--no-llm42-inline-prefill": ("inline_prefill", None),
+                     "--llm42-batched-prefill": ("batched_prefill", None),
+                     "--no-llm42-batched-prefill": ("batched_prefill", None)}
 
 
 def scheduling_mode(llm42_args: str | None) -> tuple[str, dict]:

@@ -104,3 +104,28 @@ def test_compiled_grammar_requests_join_the_queue_before_the_split():
     assert _run(sched) == ["long-det-json"]
     assert [r.name for r in sched.waiting_queue] == ["normal", "long-det-json"]
     assert sched.grammar_manager.grammar_queue == []
+
+
+@pytest.mark.parametrize("verifier", ["row-invariant", "fixed-shape"])
+def test_deterministic_prompts_share_their_own_batch_under_the_row_invariant_verifier(
+        monkeypatch, verifier):
+    """`--no-llm42-batched-prefill`: under the row-invariant verifier prompt rows give every
+    prompt's KV and o_0 whatever its batch, so the waiting deterministic prompts share one batch
+    with no normal request in it (its extend can then be skipped); a prompt asking for prompt
+    logprobs, whose o_0 comes from its prefill, goes alone, in its turn. Fixed-shape: one a
+    batch."""
+    config = Llm42Config(verifier=verifier, batched_prefill=False)
+    monkeypatch.setattr(runtime, "RUNTIME", types.SimpleNamespace(
+        config=config, prefer_det_prefill=True))
+    logprobs = Req("det-logprobs", True, 20)
+    logprobs.return_logprob, logprobs.logprob_start_len = True, 0
+    queue = [Req("normal", False, 20), Req("det-a", True, 20), Req("det-b", True, 2000),
+             logprobs, Req("det-c", True, 30)]
+    sched = _scheduler(queue, full=False)
+    shared = verifier == "row-invariant"
+    assert _run(sched) == (["det-a", "det-b", "det-c"] if shared else ["det-a"])
+    assert _run(sched) == ["normal"]  # deterministic and normal batches alternate
+    assert [r.name for r in sched.waiting_queue] == [r.name for r in queue]
+    # once the others have prefilled, the one asking for prompt logprobs goes alone
+    sched.waiting_queue = [logprobs, Req("det-d", True, 20)]
+    assert _run(sched) == ["det-logprobs"]

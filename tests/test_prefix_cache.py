@@ -81,8 +81,11 @@ def test_flag_needs_batched_prefill_and_the_radix_cache():
     from llm42.core import Llm42Config
 
     with pytest.raises(ValueError, match="--no-llm42-batched-prefill"):
-        Llm42Config(prefix_cache=True, batched_prefill=False).validate()
-    Llm42Config(prefix_cache=True).validate()  # batched prefill is the default
+        Llm42Config(prefix_cache=True, batched_prefill=False,
+                    verifier="fixed-shape").validate()
+    Llm42Config(prefix_cache=True, verifier="fixed-shape").validate()  # batched by default
+    # row-invariant prompt rows verify a solo prefill too: nothing to refuse
+    Llm42Config(prefix_cache=True, batched_prefill=False, verifier="row-invariant").validate()
 
 
 def test_rows_are_shared_only_under_one_cache_salt(batched_server):

@@ -72,10 +72,12 @@ def row_server_apart(tiny_model, tmp_path_factory):
 
 
 def _switch(url: str, window: int, batch: int, pad_ratio: float | None = None,
-            inline_prefill: bool | None = None) -> None:
-    """W and B, and the pad ratio and inline prompt rows when given (the fixed-shape control's
-    server keeps its own)."""
+            inline_prefill: bool | None = None, batched_prefill: bool | None = None) -> None:
+    """W and B, and the pad ratio, inline prompt rows and batched prefill when given (the
+    fixed-shape control's server keeps its own)."""
     mode = {"window_size": window, "verify_batch_size": batch}
+    if batched_prefill is not None:
+        mode["batched_prefill"] = batched_prefill
     if pad_ratio is not None:
         mode["inline_pad_ratio"] = pad_ratio
     if inline_prefill is not None:
@@ -115,11 +117,22 @@ def test_outputs_depend_on_the_request_alone(row_server, row_server_apart, sampl
             # a prompt alone in its prefill: its rows are the whole forward, no extend
             rows_only = after["inline_prefill_rows_only"] - before["inline_prefill_rows_only"]
             assert (rows_only >= len(prompts)) == inline_prefill, rows_only
+        # deterministic prompts prefilled in batches of their own, together: rows only
+        _switch(url, 8, 4, INLINE_ALWAYS, True, batched_prefill=False)
+        before = llm42_stats(url)
+        apart = concurrently([lambda: _outputs(url, prompts, sampling),
+                              *background_requests(url, 6)])[0]
+        after = llm42_stats(url)
+        assert_same(ref, apart, "deterministic prompts prefilled apart from normal ones")
+        steps, rows_only = (after[k] - before[k] for k in ("inline_prefill_steps",
+                                                           "inline_prefill_rows_only"))
+        assert steps > 0 and rows_only == steps, (steps, rows_only)  # never beside an extend
+        _switch(url, 8, 4, INLINE_ALWAYS, True, batched_prefill=True)
         loaded = concurrently([lambda: _outputs(url, prompts, sampling),
                                *background_requests(url, 12)])[0]
         assert_same(ref, loaded, "batched among normal traffic")
     finally:
-        _switch(url, 8, 4, INLINE_ALWAYS, True)
+        _switch(url, 8, 4, INLINE_ALWAYS, True, batched_prefill=True)
     assert_same(ref, _outputs(row_server_apart.url, prompts, sampling),
                 "W 16, B 1, solo prefills, no prefix cache, other chunks, normal loop, NGRAM")
     stats = llm42_stats(url)

@@ -106,9 +106,12 @@ class Llm42Config:
     batched_prefill: bool = _setting(
         True, "--llm42-batched-prefill",
         "Prefill deterministic requests on the fast path together with other requests and "
-        "verify their prompt in fixed-shape passes (default); --no-llm42-batched-prefill gives "
-        "each deterministic prefill a batch of its own. Requests asking for prompt logprobs are "
-        "always prefilled alone.")
+        "verify their prompt afterwards (default); --no-llm42-batched-prefill prefills them in "
+        "batches of their own: one prompt each under the fixed-shape verifier (its o_0 comes "
+        "from that prefill), every waiting deterministic prompt together under the "
+        "row-invariant one (prompt rows verify each whatever its batch; with inline prompt rows "
+        "the extend is skipped, so a prompt is computed once). Requests asking for prompt "
+        "logprobs are always prefilled alone.")
     prefix_cache: bool | None = _setting(
         None, "--llm42-prefix-cache",
         "With batched prefill (the default): deterministic requests share verified prompt KV "
@@ -179,9 +182,8 @@ class Llm42Config:
         "Benchmarking only: accept POST /llm42_benchmark_mode {\"skip_compare\": bool, "
         "\"inject_mismatch_rate\": float, \"window_size\": int, \"verify_batch_size\": int, "
         "\"max_verify_wait\": int or null, \"overlap_verify\": bool, \"max_finish_wait\": int or "
-        "null, \"inline_pad_ratio\": number, \"inline_prefill\": bool} to "
-        "switch those settings "
-        "on the running server between benchmark runs (one server start for llm42, "
+        "null, \"inline_pad_ratio\": number, \"inline_prefill\": bool, \"batched_prefill\": bool} "
+        "to switch those settings on the running server between benchmark runs (one server start for llm42, "
         "comparison-skipped and injected runs, a window sweep and a survey of the pass "
         "scheduling). A window or B switch needs an idle server: with deterministic requests "
         "in flight it is refused (409). Off (default): the endpoint "
@@ -372,10 +374,13 @@ def setting_fields() -> list[Field]:
 # What POST /llm42_benchmark_mode may switch on a running server (--llm42-benchmark-modes).
 # max_verify_wait, overlap_verify and max_finish_wait change only when a row is verified, and
 # inline_pad_ratio and inline_prefill only which forward verifies it, so a defaults survey runs
-# them on one server start too.
+# them on one server start too. batched_prefill decides a prompt's prefill batch when it is first
+# scheduled (in-flight requests keep theirs); it changes outputs under the fixed-shape verifier
+# only.
 BENCHMARK_MODE_FIELDS = ("skip_compare", "inject_mismatch_rate", "window_size",
                          "verify_batch_size", "max_verify_wait", "overlap_verify",
-                         "max_finish_wait", "inline_pad_ratio", "inline_prefill")
+                         "max_finish_wait", "inline_pad_ratio", "inline_prefill",
+                         "batched_prefill")
 
 
 class ModeSwitchBusy(RuntimeError):
@@ -394,7 +399,7 @@ def parse_benchmark_mode(body) -> dict:
         raise ValueError(f"unknown field {unknown[0]!r}: only "
                          f"{', '.join(BENCHMARK_MODE_FIELDS)} can be switched at runtime")
     mode = {}
-    for name in ("skip_compare", "overlap_verify", "inline_prefill"):
+    for name in ("skip_compare", "overlap_verify", "inline_prefill", "batched_prefill"):
         if name in body:
             if not isinstance(body[name], bool):
                 raise ValueError(f"{name} must be true or false, got {body[name]!r}")

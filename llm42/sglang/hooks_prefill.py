@@ -5,7 +5,8 @@ With batched prefill (the default) a deterministic prompt joins any batch and a 
 verifies it later; a long prompt (`--llm42-solo-prefill-min-tokens`), one asking for prompt
 logprobs, or any with `--no-llm42-batched-prefill` prefills alone, so o_0 depends on the request
 only. With `--llm42-verifier row-invariant` prompt rows verify a prompt that prefilled alone too
-(`Llm42Config.verifies_prompt`): alone then decides only the prefill batch.
+(`Llm42Config.verifies_prompt`): alone then decides only the prefill batch, which deterministic
+prompts share (`_deterministic_batch`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from contextlib import contextmanager
 
 import torch
 
+from llm42.core.config import ROW_INVARIANT
 from llm42.sglang import inline_verify, prefix_cache, runtime
 from llm42.sglang.request_state import det_state, of
 
@@ -43,7 +45,7 @@ def _split_queue(rt, original, scheduler, *args, **kwargs):
     if chunked is not None:
         visible = [] if chunked_alone else normal
     elif det and (rt.prefer_det_prefill or not normal):
-        visible = det[:1]
+        visible = _deterministic_batch(rt, det)
     else:
         visible = normal
     rt.prefer_det_prefill = not rt.prefer_det_prefill
@@ -58,6 +60,21 @@ def _split_queue(rt, original, scheduler, *args, **kwargs):
         merged = [r for r in queue if id(r) in keep]
         merged += [r for r in left if id(r) not in queued]  # e.g. retracted by the original
         scheduler.waiting_queue = merged
+
+
+def _deterministic_batch(rt, det: list) -> list:
+    """The waiting deterministic prompts one prefill batch of their own may take.
+
+    Fixed-shape: one, since its o_0 and KV come from that prefill and must depend on it alone.
+    Row-invariant: prompt rows give every prompt's KV and o_0 whatever its batch, so every prompt
+    they verify shares one batch of deterministic prompts only (SGLang takes as many as fit):
+    with inline prompt rows its extend is skipped and the prompts' rows fill the verifier's
+    forwards together, where a batch shared with normal prompts computes each deterministic
+    prompt twice (the extend and its rows) and pads each one's rows. A prompt asking for prompt
+    logprobs, whose o_0 and KV come from its prefill, still goes alone."""
+    if rt.config.verifier != ROW_INVARIANT or not det_state(det[0]).verify_prompt:
+        return det[:1]  # in queue order: a prompt that must go alone is not overtaken
+    return [r for r in det if det_state(r).verify_prompt]
 
 
 @contextmanager
