@@ -31,7 +31,8 @@ def test_gpu_suite_dry_run_hands_the_driver_arguments_it_accepts(tmp_path):
            "RUN_DIR": str(tmp_path / "run"), "JIT_CACHE": str(tmp_path / "none.tar.gz"),
            "BENCH_CONFIGS": "nondet,llm42", "DET_RATIOS": "0.1", "PREFILL_GRAPHS": "1",
            "TIMELINE": "1", "ONLINE_RATE": "16,24", "PROFILE_STEPS": "5",
-           "LLM42_ARGS": ";--llm42-max-verify-wait 48;--no-llm42-batched-prefill"}
+           "LLM42_ARGS": ";--llm42-max-verify-wait 48;--no-llm42-batched-prefill;"
+                         "--llm42-max-passes-per-step 1"}
     profile = tmp_path / "run" / "bench-sharegpt" / "profile_nondet_r0_sharegpt"
     profile.mkdir(parents=True)
     (profile / "nondet_r0-1.5-TP-0.trace.json.gz").write_bytes(b"trace")
@@ -57,12 +58,15 @@ def test_gpu_suite_dry_run_hands_the_driver_arguments_it_accepts(tmp_path):
         assert (args.profile_steps, args.profile_running) == (5, 200)
         assert argv[argv.index("--profile-steps") + 1] == "5"
         llm42 = [c for c in configs if c.config == "llm42"]
-        # the max-verify-wait variant differs only in when rows are verified: switched at
-        # runtime on the first server (SWITCH_VARIANTS=1)
-        assert [c.label for c in llm42] == ["llm42-w64", "llm42-w64-no-batched-prefill"]
-        assert [v.label for v in llm42[0].switched] == ["llm42-w64-max-verify-wait48"]
+        # the max-verify-wait and batched-prefill variants differ only in when rows are
+        # verified and which batch a prompt prefills in: switched at runtime on the first
+        # server (SWITCH_VARIANTS=1); a cap on passes per step keeps a server of its own
+        assert [c.label for c in llm42] == ["llm42-w64", "llm42-w64-max-passes-per-step1"]
+        assert [v.label for v in llm42[0].switched] == ["llm42-w64-max-verify-wait48",
+                                                        "llm42-w64-no-batched-prefill"]
         assert llm42[0].switched[0].meta["benchmark_mode"]["max_verify_wait"] == 48
-        assert llm42[1].flags[-1] == "--no-llm42-batched-prefill"
+        assert llm42[0].switched[1].meta["benchmark_mode"]["batched_prefill"] is False
+        assert llm42[1].flags[-2:] == ["--llm42-max-passes-per-step", "1"]
     assert [c.label for c in driver.server_configs(driver.build_parser().parse_args(
         drivers[0]))][0] == "nondet"
     online = driver.build_parser().parse_args(drivers[1])  # a load curve: one workload per rate

@@ -201,9 +201,13 @@ FIXED = {"verifier": "fixed-shape"}
     (FIXED, 100, False, False, True),  # fixed-shape: a short prompt joins a batch, prompt rows
     (FIXED, 5000, False, True, False),  # fixed-shape: a long one prefills alone, o_0 final
     ({**FIXED, "batched_prefill": False}, 100, False, True, False),  # fixed-shape solo prefill
-    ({"verifier": "row-invariant"}, 5000, False, False, True),  # batched whatever its length
-    ({"verifier": "row-invariant", "batched_prefill": False}, 100, False, True, True),  # alone,
-    # then prompt rows all the same: a prefill's KV would depend on the prefill path
+    ({"verifier": "row-invariant"}, 100, False, True, True),  # apart from normal prompts by
+    # default (batches of deterministic prompts), then prompt rows: a prefill's KV would depend
+    # on the prefill path
+    ({"verifier": "row-invariant", "batched_prefill": True}, 5000, False, False, True),  # or
+    # batched, whatever its length
+    ({"verifier": "row-invariant", "solo_prefill_min_tokens": 1000}, 100, False, False, True),
+    ({"verifier": "row-invariant", "solo_prefill_min_tokens": 1000}, 5000, False, True, True),
     ({"verifier": "row-invariant", "prefix_cache": True, "batched_prefill": False}, 100, False,
      True, True),  # so the prefix cache works with solo prefills too
     ({"verifier": "row-invariant"}, 10, True, True, False),  # prompt logprobs: its prefill's

@@ -26,7 +26,7 @@ PUBLISHED_FLAGS = {
     "llm42_max_pass_rows_per_step": None,
     "llm42_defer_verify_on_prefill": False,
     "llm42_overlap_verify": True,
-    "llm42_batched_prefill": True,
+    "llm42_batched_prefill": None,
     "llm42_prefix_cache": None,
     "llm42_solo_prefill_min_tokens": None,
     "llm42_timeline_dir": None,

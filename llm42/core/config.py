@@ -103,15 +103,17 @@ class Llm42Config:
         "token past the finish is dropped). On by default; --no-llm42-overlap-verify waits "
         "first. Outputs "
         "unchanged; the H200 determinism proof passed with it.")
-    batched_prefill: bool = _setting(
-        True, "--llm42-batched-prefill",
+    batched_prefill: bool | None = _setting(
+        None, "--llm42-batched-prefill",
         "Prefill deterministic requests on the fast path together with other requests and "
-        "verify their prompt afterwards (default); --no-llm42-batched-prefill prefills them in "
-        "batches of their own: one prompt each under the fixed-shape verifier (its o_0 comes "
-        "from that prefill), every waiting deterministic prompt together under the "
-        "row-invariant one (prompt rows verify each whatever its batch; with inline prompt rows "
-        "the extend is skipped, so a prompt is computed once). Requests asking for prompt "
-        "logprobs are always prefilled alone.")
+        "verify their prompt afterwards; --no-llm42-batched-prefill prefills them in batches "
+        "of their own: one prompt each under the fixed-shape verifier (its o_0 comes from that "
+        "prefill), every waiting deterministic prompt together under the row-invariant one "
+        "(prompt rows verify each whatever its batch; with inline prompt rows the extend is "
+        "skipped, so a prompt is computed once). Default: on under the fixed-shape verifier "
+        "(or with --llm42-solo-prefill-min-tokens), off under the row-invariant one. Requests "
+        "asking for prompt logprobs are always prefilled alone.",
+        echo_as="batches_prefill")
     prefix_cache: bool | None = _setting(
         None, "--llm42-prefix-cache",
         "With batched prefill (the default): deterministic requests share verified prompt KV "
@@ -182,7 +184,8 @@ class Llm42Config:
         "Benchmarking only: accept POST /llm42_benchmark_mode {\"skip_compare\": bool, "
         "\"inject_mismatch_rate\": float, \"window_size\": int, \"verify_batch_size\": int, "
         "\"max_verify_wait\": int or null, \"overlap_verify\": bool, \"max_finish_wait\": int or "
-        "null, \"inline_pad_ratio\": number, \"inline_prefill\": bool, \"batched_prefill\": bool} "
+        "null, \"inline_pad_ratio\": number, \"inline_prefill\": bool, \"batched_prefill\": bool or "
+        "null} "
         "to switch those settings on the running server between benchmark runs (one server start for llm42, "
         "comparison-skipped and injected runs, a window sweep and a survey of the pass "
         "scheduling). A window or B switch needs an idle server: with deterministic requests "
@@ -221,7 +224,7 @@ class Llm42Config:
         (H200, ArXiv-like prompts, ratio 1.0: 0.80x SGLang's deterministic mode batched, 1.56x
         solo). With the prefix cache every prompt is batched by default, so that long shared
         prefixes are reused."""
-        if not self.batched_prefill:
+        if not self.batches_prefill:
             return 0
         if self.solo_prefill_min_tokens is None:
             # row-invariant: a prompt is verified by prompt rows either way, alone buys nothing
@@ -244,6 +247,19 @@ class Llm42Config:
         the same (deterministic) path. Prompt logprobs come only from a prefill."""
         threshold = self.solo_prefill_threshold
         return wants_prompt_logprobs or (threshold is not None and num_prompt_tokens >= threshold)
+
+    @property
+    def batches_prefill(self) -> bool:
+        """Whether deterministic prompts prefill among normal ones (`--llm42-batched-prefill`).
+        By default only under the fixed-shape verifier, whose prompt passes would otherwise
+        meet one prompt a prefill batch. Under the row-invariant verifier deterministic prompts
+        share batches of their own, whose extend inline prompt rows skip: each prompt is
+        computed once, not by the extend and then by its rows (H100, 8B shape, ShareGPT at
+        10 %: 0.960x and 0.900x nondet in two calls, against 0.882-0.896x batched, and 12-14
+        passes instead of 95-97, benchmarks/results/h100-2026-12-07-v6-defaults)."""
+        if self.batched_prefill is not None:
+            return self.batched_prefill
+        return self.verifier != ROW_INVARIANT or self.solo_prefill_min_tokens is not None
 
     @property
     def verify_wait_steps(self) -> int:
@@ -318,12 +334,12 @@ class Llm42Config:
                     f"--llm42-solo-prefill-min-tokens must be >= 0 (0: never alone), got "
                     f"{self.solo_prefill_min_tokens}"
                 )
-            if not self.batched_prefill:
+            if self.batched_prefill is False:
                 raise ValueError(
                     "--llm42-solo-prefill-min-tokens chooses between solo and batched "
                     "prefill: drop --no-llm42-batched-prefill (which prefills every prompt alone)"
                 )
-        if (self.uses_prefix_cache and not self.batched_prefill
+        if (self.uses_prefix_cache and not self.batches_prefill
                 and self.verifier == FIXED_SHAPE):
             raise ValueError(
                 "--llm42-prefix-cache shares prompt KV written by prompt passes: drop "
@@ -400,6 +416,9 @@ def parse_benchmark_mode(body) -> dict:
                          f"{', '.join(BENCHMARK_MODE_FIELDS)} can be switched at runtime")
     mode = {}
     for name in ("skip_compare", "overlap_verify", "inline_prefill", "batched_prefill"):
+        if name == "batched_prefill" and body.get(name, False) is None:
+            mode[name] = None  # the flag's default, which follows the verifier
+            continue
         if name in body:
             if not isinstance(body[name], bool):
                 raise ValueError(f"{name} must be true or false, got {body[name]!r}")
