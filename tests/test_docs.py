@@ -54,15 +54,15 @@ def _table_rows(markdown: str, heading: str | None = None) -> list[list[str]]:
 
 
 def _documented_default(cell: str):
-    """'off' / 'on' -> bool, 'auto: ...' / 'none' -> None, `a-word` -> that string, else the
+    """`a-word` -> that string, 'off' / 'on' -> bool, 'auto: ...' / 'none' -> None, else the
     leading number."""
     word = cell.split()[0].strip("`:")
+    if cell.startswith("`"):  # a value in code, `auto` included
+        return word
     if word in ("off", "on"):
         return word == "on"
     if word in ("auto", "none"):
         return None
-    if cell.startswith("`"):
-        return word
     return float(word)
 
 

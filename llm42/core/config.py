@@ -130,7 +130,8 @@ class Llm42Config:
         "With batched prefill: deterministic prompts of this many tokens or more prefill in a "
         "batch of their own instead of being recomputed by prompt passes (cheaper for long "
         "prompts); 0: every prompt is batched. Default: 1024, or 0 with --llm42-prefix-cache or "
-        "--llm42-verifier row-invariant.",
+        "--llm42-verifier row-invariant. Given under the row-invariant verifier, it turns "
+        "batched prefill on (off there by default).",
         echo_as="solo_prefill_threshold")
     fp32_logits: bool = _setting(
         True, "--llm42-fp32-logits",
