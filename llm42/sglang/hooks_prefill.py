@@ -2,9 +2,9 @@
 next chunk of a chunked deterministic prompt starts.
 
 With batched prefill (the fixed-shape verifier's default) a deterministic prompt joins any batch
-and a prompt pass verifies it later; a long prompt (`--llm42-solo-prefill-min-tokens`), one asking for prompt
-logprobs, or any with `--no-llm42-batched-prefill` prefills alone, so o_0 depends on the request
-only. With `--llm42-verifier row-invariant` prompt rows verify a prompt that prefilled alone too
+and a prompt pass verifies it later; a long prompt (`--llm42-solo-prefill-min-tokens`), one
+asking for prompt logprobs, or any with `--no-llm42-batched-prefill` prefills alone, so o_0
+depends on the request only. With `--llm42-verifier row-invariant` prompt rows verify a prompt that prefilled alone too
 (`Llm42Config.verifies_prompt`): alone then decides only the prefill batch, which deterministic
 prompts share (`_deterministic_batch`).
 """
