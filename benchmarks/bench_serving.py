@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import dataclasses
 import datetime
+import functools
 import json
 import random
 import shlex
@@ -30,7 +31,7 @@ import time
 import numpy as np
 import requests
 
-from benchmarks import env_info
+from benchmarks import env_info, rows_cache
 from benchmarks.metrics import summarize
 from benchmarks.request_funcs import (
     BACKENDS,
@@ -103,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-compare", action="store_true", default=None)
     p.add_argument("--tag", default=None, help="free-form label stored in the record")
     p.add_argument("--extra-metadata", default=None, help="JSON object merged into the record")
+    p.add_argument("--rows-cache", default=None,
+                   help="folder: the sampled requests are read from here when an earlier run "
+                        "with the same dataset, sampling arguments and tokenizer wrote them "
+                        "(no tokenizer load), else sampled and written (benchmarks.rows_cache)")
     return p
 
 
@@ -222,10 +227,16 @@ def run(args) -> dict:
     if not model:
         raise BenchError(f"no --model given and {base_url}/get_model_info did not "
                          "answer; start the server first or pass --model.")
-    from transformers import AutoTokenizer
+    tokenizer_path = args.tokenizer or model
 
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or model)
-    rows = load_rows(args, tokenizer)
+    @functools.cache
+    def tokenizer():
+        from transformers import AutoTokenizer  # seconds to import: only when rows need it
+
+        return AutoTokenizer.from_pretrained(tokenizer_path)
+
+    rows = rows_cache.load_or_sample(args.rows_cache, args, tokenizer_path,
+                                     lambda: load_rows(args, tokenizer()))
     stats = llm42_stats(base_url)
     has_llm42 = bool(stats and stats.get("enabled"))
     if args.deterministic_ratio > 0 and not has_llm42:
@@ -242,7 +253,7 @@ def run(args) -> dict:
     def request(row: DatasetRow, i: int, det: bool) -> RequestInput:
         prompt = row.prompt
         if args.backend == "sglang-oai-chat" and not isinstance(prompt, str):
-            prompt = tokenizer.decode(prompt)
+            prompt = tokenizer().decode(prompt)
         seed = None if args.sampling_seed is None else args.sampling_seed + i
         return RequestInput(prompt, row.prompt_len, row.output_len, model, args.temperature,
                             is_deterministic=det, send_flag=has_llm42, sampling_seed=seed,

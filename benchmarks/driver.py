@@ -33,7 +33,9 @@ import itertools
 import json
 import re
 import shlex
+import shutil
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -423,6 +425,9 @@ class Driver:
         self.server_args = shlex.split(args.server_args or "")
         self.bench_args = shlex.split(args.bench_args or "")
         self.workloads = [shlex.split(w) for w in (args.workload or ["--dataset-name sharegpt"])]
+        # the sampled requests, shared by every run (benchmarks.rows_cache); not results
+        self.rows_cache = Path(tempfile.mkdtemp(prefix="llm42-rows-"))
+        self.start_seconds: list[float] = []  # each server start's, to price the next one
 
     def server_args_of(self, cfg: ServerConfig) -> list[str]:
         return self.server_args if cfg.like_for_like else without_like_for_like(self.server_args)
@@ -464,13 +469,15 @@ class Driver:
                 env_info.append_jsonl(self.results, rec)
         print(f"[driver] {cfg.label}: skipped ({reason})", flush=True)
 
-    def bench(self, cfg: ServerConfig, url: str, wl: list[str], ratio: float) -> None:
+    def bench(self, cfg: ServerConfig, url: str, wl: list[str], ratio: float,
+              repeat: int = 0) -> None:
         a = self.args
         argv = [sys.executable, "-m", "benchmarks.bench_serving", "--backend", a.backend,
                 "--base-url", url, "--model", a.model_path,
                 "--tokenizer", a.tokenizer or a.model_path, *self.bench_args, *wl,
                 "--config-label", cfg.config, "--deterministic-ratio", f"{ratio:g}",
-                "--output-file", str(self.results), "--disable-tqdm"]
+                "--output-file", str(self.results), "--disable-tqdm",
+                "--rows-cache", str(self.rows_cache)]
         for key, flag in (("window_size", "--window-size"),
                           ("verify_batch_size", "--verify-batch-size"),
                           ("inject_mismatch_rate", "--inject-mismatch-rate")):
@@ -486,8 +493,12 @@ class Driver:
         for key in ("speculative_algorithm", "server_env"):
             if key in cfg.meta:
                 meta[key] = cfg.meta[key]
+        if a.repeats > 1:  # the same run again on the same server: spread, first-run costs
+            meta["repeat"] = repeat
         argv += ["--extra-metadata", json.dumps(meta)]
-        self.log_command(f"bench {cfg.label} ratio={ratio:g} {meta['workload']}", argv)
+        run_name = f"{cfg.label} ratio={ratio:g} {meta['workload']}" + (
+            f" repeat {repeat}" if a.repeats > 1 else "")
+        self.log_command(f"bench {run_name}", argv)
         log = self.out / f"bench_{cfg.label}.log"
         rows_before = _count_lines(self.results)
         budget_left = max(self.time_left(), 1.0)
@@ -505,7 +516,7 @@ class Driver:
                                       ).returncode
             except subprocess.TimeoutExpired:
                 code = "timeout"
-        print(f"[driver] {cfg.label} ratio={ratio:g} {meta['workload']}: exit {code}", flush=True)
+        print(f"[driver] {run_name}: exit {code}", flush=True)
         if trigger is not None:  # the wait for its trace within what is left of the budget
             finish_profile(trigger, min(PROFILE_WAIT_S, max(self.time_left() - 10.0, 5.0)))
         if _count_lines(self.results) == rows_before:  # exit 1 still writes its row
@@ -541,10 +552,15 @@ class Driver:
         timeline = self.out / f"timeline_{cfg.label}"
         if self.args.timeline:  # baselines too: their decode gaps are what llm42's compare to
             flags = flags + ["--llm42-timeline-dir", str(timeline)]
-        if self.time_left() < self.args.min_config_s:
+        # a start that cannot be followed by one run is device time spent for nothing: the
+        # longest start so far (sglang-det's took 88 s, then had no time to run) plus a run
+        need = max([self.args.min_config_s]
+                   + [s + self.args.min_run_s for s in self.start_seconds])
+        if self.time_left() < need:
             for each in [cfg, *cfg.switched]:
                 self.skip_rows(each, f"not run: time budget (--budget-s {self.args.budget_s}) "
-                                     "spent", "")
+                                     f"spent ({self.time_left():.0f} s left, {need:.0f} s "
+                                     "needed to start a server and run once)", "")
             return
         env = cfg.meta.get("server_env") or {}
         server = SGLangServer(self.args.model_path, flags, port=self.args.port, env=env,
@@ -562,7 +578,8 @@ class Driver:
             for each in [cfg, *cfg.switched]:
                 self.skip_rows(each, "server did not start: " + reason, shlex.join(server.args))
             return
-        print(f"[driver] {cfg.label}: server up in {time.monotonic() - t0:.1f} s", flush=True)
+        self.start_seconds.append(time.monotonic() - t0)
+        print(f"[driver] {cfg.label}: server up in {self.start_seconds[-1]:.1f} s", flush=True)
         try:
             self.bench_all(cfg, server.url)
             for variant in cfg.switched:
@@ -584,15 +601,20 @@ class Driver:
     def bench_all(self, cfg: ServerConfig, url: str) -> None:
         for wl in self.workloads:
             for ratio in cfg.ratios:
-                if self.time_left() < self.args.min_run_s:
-                    self.skip_rows(_with_ratio(cfg, ratio), "not run: time budget spent", "",
-                                   [wl])
-                    continue
-                self.bench(cfg, url, wl, ratio)
+                for repeat in range(self.args.repeats):
+                    if self.time_left() < self.args.min_run_s:
+                        if repeat == 0:  # a missing repeat needs no row: the first one stands
+                            self.skip_rows(_with_ratio(cfg, ratio), "not run: time budget spent",
+                                           "", [wl])
+                        continue
+                    self.bench(cfg, url, wl, ratio, repeat)
 
     def run(self) -> None:
-        for cfg in server_configs(self.args):
-            self.run_config(cfg)
+        try:
+            for cfg in server_configs(self.args):
+                self.run_config(cfg)
+        finally:
+            shutil.rmtree(self.rows_cache, ignore_errors=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -643,6 +665,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --budget-s: least time left to start another server")
     p.add_argument("--min-run-s", type=float, default=30.0,
                    help="with --budget-s: least time left to start another benchmark")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run every config, workload and ratio this many times in a row on its "
+                        "server (rows carry `repeat`; the report compares each run with the "
+                        "mean of its baseline's runs): a fresh server's first run against its "
+                        "later ones, and the spread between runs")
     p.add_argument("--switch-variants", action="store_true",
                    help="run llm42-skip-compare / llm42-inject and every window of "
                         "--window-sizes on one llm42 server per --llm42-args value (started "
@@ -672,6 +699,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         if not args.model_path:
             raise SystemExit("error: --model-path is required (unless --report-only).")
+        if args.repeats < 1:
+            raise SystemExit(f"error: --repeats must be at least 1, got {args.repeats}.")
         out.mkdir(parents=True, exist_ok=True)
         driver = Driver(args)
         driver.log_command("driver", getattr(sys, "orig_argv", sys.argv))

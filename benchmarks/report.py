@@ -41,7 +41,13 @@ def workload_of(row: dict) -> str:
 
 
 def variant_of(row: dict) -> str:
-    """What the server ran: nondet, sglang-det, or llm42 with its knobs."""
+    """What the server ran (nondet, sglang-det, or llm42 with its knobs), and which of the
+    driver's `--repeats` runs on that server this row is."""
+    run = f" (run {row['repeat'] + 1})" if row.get("repeat") is not None else ""
+    return _server_variant(row) + run
+
+
+def _server_variant(row: dict) -> str:
     spec = f" {row['speculative_algorithm']}" if row.get("speculative_algorithm") else ""
     if row.get("config") != "llm42":
         return row.get("config", "?") + spec
@@ -102,13 +108,18 @@ OPTIONAL_BASELINES = ("nondet-defaults", "nondet-no-overlap", "nondet-spec")  # 
 
 
 def _baselines(rows: list[dict]) -> dict[tuple[str, str], float]:
-    """(workload, config) -> output throughput of the last completed nondet / sglang-det row."""
-    base: dict[tuple[str, str], float] = {}
+    """(workload, config) -> output throughput of the last completed nondet / sglang-det row,
+    or the mean of its server's runs when the driver repeated it (`repeat`)."""
+    runs: dict[tuple[str, str], list[dict]] = {}
     for row in rows:
         if row.get("config") in BASELINES and not row.get("skipped") and (
                 row.get("output_throughput")):
-            base[(workload_of(row), row["config"])] = row["output_throughput"]
-    return base
+            key = (workload_of(row), row["config"])
+            if row.get("repeat") is None or row.get("repeat") == 0:
+                runs[key] = []  # a later server (or call) of the same baseline replaces it
+            runs.setdefault(key, []).append(row)
+    return {key: sum(r["output_throughput"] for r in same) / len(same)
+            for key, same in runs.items()}
 
 
 def _fmt(value, digits: int = 1) -> str:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from bench_factories import read_results, result_row
 
 from benchmarks.metrics import schema_problems
@@ -53,7 +54,7 @@ def _switching_driver(monkeypatch, events: list, answer):
         events.append(("mode", json))
         return answer(json)
 
-    def fake_bench(self, cfg, url, wl, ratio):
+    def fake_bench(self, cfg, url, wl, ratio, repeat=0):
         events.append(("bench", cfg.label, ratio))
         append_jsonl(self.results, result_row(cfg.config, ratio, 10.0, server_label=cfg.label,
                                               **{k: v for k, v in cfg.meta.items()
@@ -125,7 +126,7 @@ def test_driver_runs_every_workload_on_each_server_start(tmp_path, monkeypatch):
         def log_text(self):
             return "ValueError: 'torch_native' is not supported for deterministic inference"
 
-    def fake_bench(self, cfg, url, wl, ratio):
+    def fake_bench(self, cfg, url, wl, ratio, repeat=0):
         dataset = wl[1]
         events.append(("bench", cfg.label, dataset, ratio))
         tps = {"nondet": 100.0, "llm42": 80.0}[cfg.config] * (2 if dataset == "sharegpt" else 1)
@@ -341,7 +342,7 @@ def test_gpu_suite_nondet_defaults_runs_plain_sglang_as_a_user_starts_it(tmp_pat
         def stop(self):
             pass
 
-    def fake_bench(self, cfg, url, wl, ratio):
+    def fake_bench(self, cfg, url, wl, ratio, repeat=0):
         tps = {"nondet": 100.0, "nondet-defaults": 125.0, "llm42": 90.0}[cfg.config]
         append_jsonl(self.results, result_row(cfg.config, ratio, tps, **cfg.meta))
 
@@ -367,3 +368,63 @@ def test_gpu_suite_nondet_defaults_runs_plain_sglang_as_a_user_starts_it(tmp_pat
     assert "| vs nondet | vs nondet-defaults | vs sglang-det |" in table[2]
     [row] = [ln for ln in table if "| llm42 W64" in ln]
     assert "| 0.900x | 0.720x | - |" in row, row
+
+
+def test_driver_repeats_each_run_on_its_server_and_skips_a_start_it_cannot_use(tmp_path,
+                                                                            monkeypatch):
+    """--repeats 2: every ratio runs twice in a row on one server start, the clients share one
+    rows cache and their rows are numbered; the table compares each run with the mean of
+    nondet's two. A config whose start (priced at the longest start so far) and one run no
+    longer fit the budget is skipped before its server starts."""
+    from benchmarks import driver
+    from benchmarks.env_info import append_jsonl
+    from llm42 import server_process
+
+    clock, events, clients = [1000.0], [], []
+    monkeypatch.setattr(driver.time, "monotonic", lambda: clock[0])
+
+    class FakeServer(_FakeServer):
+        def start(self):
+            clock[0] += 80.0  # a server start
+            events.append(("start", " ".join(self.flags)))
+
+        def stop(self):
+            events.append(("stop",))
+
+    run = subprocess.run
+
+    def client(argv, timeout=None, **kwargs):
+        if "benchmarks.bench_serving" not in argv:  # git, for the rows' commit
+            return run(argv, timeout=timeout, **kwargs)
+        clock[0] += 10.0
+        opt = dict(zip(argv, argv[1:]))
+        meta = json.loads(opt["--extra-metadata"])
+        clients.append((opt["--config-label"], opt["--deterministic-ratio"], opt["--rows-cache"],
+                        meta.get("repeat")))
+        tps = {"nondet": [100.0, 80.0], "llm42": [72.0, 90.0]}[opt["--config-label"]]
+        append_jsonl(opt["--output-file"], result_row(
+            opt["--config-label"], float(opt["--deterministic-ratio"]), tps[meta["repeat"]],
+            **meta))
+        return subprocess.CompletedProcess(argv, 0)
+
+    monkeypatch.setattr(server_process, "SGLangServer", FakeServer)
+    monkeypatch.setattr(driver.subprocess, "run", client)
+    assert driver.main([
+        "--model-path", "m", "--out-dir", str(tmp_path), "--configs", "nondet,llm42,sglang-det",
+        "--det-ratios", "0.1", "--window-sizes", "8", "--repeats", "2", "--budget-s", "260",
+        "--min-config-s", "40", "--min-run-s", "5"]) == 0
+    assert [e[0] for e in events] == ["start", "stop", "start", "stop"]  # no sglang-det start
+    assert [(c[0], c[1], c[3]) for c in clients] == [
+        ("nondet", "0", 0), ("nondet", "0", 1), ("llm42", "0.1", 0), ("llm42", "0.1", 1)]
+    assert len({c[2] for c in clients}) == 1 and not Path(clients[0][2]).exists()
+    rows = read_results(tmp_path)
+    [skipped] = [r for r in rows if r["skipped"]]
+    assert skipped["config"] == "sglang-det" and "needed to start a server and run once" in (
+        skipped["skip_reason"]) and "(60 s left, 85 s needed" in skipped["skip_reason"]
+    table = (tmp_path / "table.md").read_text()
+    first = [ln for ln in table.splitlines() if "llm42" in ln and "(run 1)" in ln]
+    second = [ln for ln in table.splitlines() if "llm42" in ln and "(run 2)" in ln]
+    assert len(first) == len(second) == 1
+    assert "| 0.800x |" in first[0] and "| 1.000x |" in second[0], table  # nondet's mean: 90
+    with pytest.raises(SystemExit, match="--repeats must be at least 1"):
+        driver.main(["--model-path", "m", "--out-dir", str(tmp_path / "x"), "--repeats", "0"])

@@ -46,6 +46,12 @@ def test_estimate_prices_a_planned_call_from_recorded_runs(tmp_path, capsys):
         77.0, "no recorded run of this workload and config")
     assert estimate.main([str(plan), "--budget-s", "400", *base]) == 1
     assert "over the budget" in capsys.readouterr().out
+    plan.write_text(json.dumps(argv[:6] + ["--configs", "nondet", "--repeats", "3", "--workload",
+                                           "--dataset-name sharegpt --num-prompts 1024"]))
+    assert estimate.main([str(plan), "--budget-s", "1000", *base]) == 0  # one start, 3 runs
+    lines = capsys.readouterr().out.splitlines()
+    assert [float(ln.split()[2]) for ln in lines[:-1]] == [5, 50, 30, 30, 30]
+    assert "ratio 0 repeat 2" in lines[-2]
 
 
 def test_estimate_prices_each_window_of_a_sweep_from_its_own_rows(tmp_path):

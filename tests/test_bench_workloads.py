@@ -160,3 +160,40 @@ def test_random_rows_lengths_and_seed():
                                  range_ratio=0.5)
     fixed = sample_random(tok, num_prompts=3, seed=4, input_len=8, output_len=4, range_ratio=1.0)
     assert [(r.prompt_len, r.output_len) for r in fixed] == [(8, 4)] * 3
+
+
+def test_rows_cache_samples_once_per_input_and_misses_on_any_change(tmp_path):
+    """`--rows-cache`: a second run with the same sampling inputs reads the rows back (no
+    tokenizer); another prompt count, seed or a rewritten dataset file samples again."""
+    import argparse
+    import os
+
+    from benchmarks.bench_serving import build_parser, load_rows
+    from benchmarks.rows_cache import load_or_sample
+
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(RECORDS))
+    cache, calls = tmp_path / "cache", []
+
+    def rows_of(argv: list[str]):
+        args = build_parser().parse_args(["--dataset-path", str(path), *argv])
+
+        def sample():
+            calls.append(argv)
+            return load_rows(args, WordTokenizer())
+        return load_or_sample(str(cache), args, "tok", sample)
+
+    first = rows_of(["--num-prompts", "3"])
+    assert rows_of(["--num-prompts", "3"]) == first and len(calls) == 1  # a hit
+    assert len(first) == 3 and all(isinstance(r.prompt, str) for r in first)
+    rows_of(["--num-prompts", "2"])
+    rows_of(["--num-prompts", "3", "--seed", "9"])
+    assert len(calls) == 3
+    path.write_text(json.dumps(RECORDS[:3]))  # same name, other contents
+    os.utime(path, ns=(1, 1))
+    assert len(rows_of(["--num-prompts", "3"])) == 3 and len(calls) == 4
+    random_args = ["--dataset-name", "random", "--random-input-len", "5",
+                   "--random-output-len", "4", "--num-prompts", "2"]
+    ids = rows_of(random_args)
+    assert rows_of(random_args) == ids and isinstance(ids[0].prompt, list) and len(calls) == 5
+    assert load_or_sample(None, argparse.Namespace(), "tok", lambda: ["sampled"]) == ["sampled"]

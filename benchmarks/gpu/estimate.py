@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import itertools
 import json
 import re
 import shlex
@@ -139,10 +140,11 @@ def price_driver(argv: list[str], rows: list[dict], start_s: float, overhead_s: 
         out.append(Priced(f"start {cfg.label}", start_s, "--start-s"))
         for each in [cfg, *cfg.switched]:
             for wl in workloads:
-                for ratio in each.ratios:
+                for ratio, repeat in itertools.product(each.ratios, range(args.repeats)):
                     seconds, source = price_run(rows, args.model_path, wl, each.config, ratio,
                                                 each.meta, unknown_s)
-                    out.append(Priced(f"run {each.label} {wl} ratio {ratio:g}",
+                    again = f" repeat {repeat}" if args.repeats > 1 else ""
+                    out.append(Priced(f"run {each.label} {wl} ratio {ratio:g}{again}",
                                       seconds + overhead_s, source))
     return out
 

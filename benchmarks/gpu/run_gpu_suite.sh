@@ -158,6 +158,9 @@
 #   requests of the run's own prompts (and one deterministic) before each timed run; the first run
 #   after a server start or window switch otherwise pays first-use warm-up (the SmolLM2 sweep's
 #   W = 128 row: prefill steps 33 ms against 19-21 ms later). 64 is plenty
+#   REPEATS=1 (N: every config, workload and ratio of a driver step runs N times in a row on its
+#   server, rows numbered by `repeat`, baselines the mean of their runs: a fresh server's first
+#   run against its later ones, and the spread between runs)
 #   SWITCH_VARIANTS=1 (llm42-skip-compare / llm42-inject and the other windows of
 #   --window-sizes run on the llm42 server of the step, switched by POST /llm42_benchmark_mode:
 #   a server start saved per variant and window, ~100 s each; 0: one start each)
@@ -235,6 +238,7 @@ TIMELINE=${TIMELINE:-0}
 PROFILE_STEPS=${PROFILE_STEPS:-0}
 PROFILE_RUNNING=${PROFILE_RUNNING:-200}
 SWITCH_VARIANTS=${SWITCH_VARIANTS:-1}
+REPEATS=${REPEATS:-1}
 WARMUP_ARG=${WARMUP_REQUESTS:+ --warmup-requests $WARMUP_REQUESTS}
 PREFILL_GRAPH_ARG=--cuda-graph-backend-prefill=disabled
 [[ $PREFILL_GRAPHS == 1 ]] && PREFILL_GRAPH_ARG=
@@ -395,6 +399,7 @@ driver() {  # $1 = step name, $2 = model, $3 = configs, $4 = ratios, then driver
   [[ $TIMELINE == 1 ]] && llm42_args+=(--timeline)
   (( PROFILE_STEPS > 0 )) && llm42_args+=(--profile-steps "$PROFILE_STEPS" --profile-running "$PROFILE_RUNNING")
   [[ $SWITCH_VARIANTS == 1 ]] && llm42_args+=(--switch-variants)
+  (( REPEATS > 1 )) && llm42_args+=(--repeats "$REPEATS")
   budget=$(( $(remaining) - 20 ))  # leave time to pack the results
   if (( budget < MIN_CONFIG_S )); then log "step $step: skipped, only ${budget}s left"; return 1; fi
   [[ $model == "$MODEL_8B" || $SMOLLM2_WEIGHTS == dummy && $model == "$MODEL_SMOL" ]] && fmt="--load-format dummy"
