@@ -313,7 +313,7 @@ def test_benchmark_mode_parses(body, mode) -> None:
     ({"max_verify_wait": 4.0}, "max_verify_wait must be an integer >= 0 or null, got 4.0"),
     ({"max_verify_wait": True}, "max_verify_wait must be an integer >= 0 or null, got True"),
     ({"overlap_verify": 1}, "overlap_verify must be true or false, got 1"),
-    ({"batched_prefill": "no"}, "batched_prefill must be true or false, got 'no'"),
+    ({"batched_prefill": "no"}, "batched_prefill must be true or false or null, got 'no'"),
     ({"max_finish_wait": -2}, "max_finish_wait must be an integer >= 0 or null, got -2"),
     ({"max_finish_wait": 1.5}, "max_finish_wait must be an integer >= 0 or null, got 1.5"),
     ({"max_passes_per_step": 1}, "unknown field 'max_passes_per_step'"),  # not switchable

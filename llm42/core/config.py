@@ -405,6 +405,11 @@ class ModeSwitchBusy(RuntimeError):
     request keeps the W it started with, and a verification pass needs one W for all its rows."""
 
 
+# Fields whose null means "the flag's default" (which may follow the verifier or W).
+NULLABLE_MODE_FIELDS = ("batched_prefill", "max_finish_wait", "max_verify_wait")
+_OR_NULL = {name: " or null" for name in NULLABLE_MODE_FIELDS}
+
+
 def parse_benchmark_mode(body) -> dict:
     """A request body of POST /llm42_benchmark_mode, checked field by field: ``ValueError``
     names the field. Every field is optional; an empty body changes nothing."""
@@ -415,14 +420,14 @@ def parse_benchmark_mode(body) -> dict:
     if unknown:
         raise ValueError(f"unknown field {unknown[0]!r}: only "
                          f"{', '.join(BENCHMARK_MODE_FIELDS)} can be switched at runtime")
-    mode = {}
+    # null: the flag's default (batched_prefill: the verifier's; the waits: W // 4, following W)
+    mode = {name: None for name in NULLABLE_MODE_FIELDS if body.get(name, False) is None}
+    body = {name: value for name, value in body.items() if name not in mode}
     for name in ("skip_compare", "overlap_verify", "inline_prefill", "batched_prefill"):
-        if name == "batched_prefill" and body.get(name, False) is None:
-            mode[name] = None  # the flag's default, which follows the verifier
-            continue
         if name in body:
             if not isinstance(body[name], bool):
-                raise ValueError(f"{name} must be true or false, got {body[name]!r}")
+                raise ValueError(f"{name} must be true or false{_OR_NULL.get(name, '')}, "
+                                 f"got {body[name]!r}")
             mode[name] = body[name]
     for name, upper, bounds in (("inject_mismatch_rate", 1.0, "in [0, 1]"),
                                 ("inline_pad_ratio", math.inf, ">= 0")):
@@ -438,12 +443,10 @@ def parse_benchmark_mode(body) -> dict:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
             mode[name] = value
-    # null: the flag's default (W // 4, following W, for both)
     for name in ("max_finish_wait", "max_verify_wait"):
         if name in body:
             wait = body[name]
-            if wait is not None and (
-                    isinstance(wait, bool) or not isinstance(wait, int) or wait < 0):
+            if isinstance(wait, bool) or not isinstance(wait, int) or wait < 0:
                 raise ValueError(f"{name} must be an integer >= 0 or null, got {wait!r}")
             mode[name] = wait
     return mode
