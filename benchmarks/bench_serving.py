@@ -261,12 +261,8 @@ def run(args) -> dict:
 
     inputs = [request(r, i, d) for i, (r, d) in enumerate(zip(rows, is_det))]
     if args.warmup_requests > 0:
-        warm = [dataclasses.replace(r, output_len=min(r.output_len, 16), is_deterministic=False)
-                for r in inputs[: args.warmup_requests]]
-        if has_llm42:  # also compile/capture the verifier's path before timing anything
-            window = int(stats.get("window_size") or 64)
-            warm.append(dataclasses.replace(inputs[0], output_len=window + 2,
-                                            is_deterministic=True))
+        warm = warmup_inputs(inputs, args.warmup_requests,
+                             int(stats.get("window_size") or 64) if has_llm42 else None)
         outs, _ = asyncio.run(run_requests(_quiet(args), base_url, warm))
         failed = [o.error for o in outs if not o.success]
         if failed:
@@ -304,6 +300,17 @@ def run(args) -> dict:
         env_info.append_jsonl(args.output_file, rec)
     print_summary(rec)
     return rec
+
+
+def warmup_inputs(inputs: list[RequestInput], n: int, window: int | None) -> list[RequestInput]:
+    """The run's first `n` requests cut to 16 new tokens, deterministic where the run's are (a
+    fresh server's first timed run was the slow one while the warm-up ran no deterministic
+    request beside the normal ones: h100-2026-12-07-repeats), and with llm42 (`window` given)
+    one deterministic request past a window, so that the verifier's paths run before timing."""
+    warm = [dataclasses.replace(r, output_len=min(r.output_len, 16)) for r in inputs[:n]]
+    if window is not None:
+        warm.append(dataclasses.replace(inputs[0], output_len=window + 2, is_deterministic=True))
+    return warm
 
 
 def _quiet(args):

@@ -35,3 +35,19 @@ def test_bench_serving_without_server_exits_2_and_writes_nothing(tmp_path, capsy
     assert main(["--base-url", "http://127.0.0.1:9", "--output-file", str(out)]) == 2
     assert "no --model given" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_warmup_keeps_each_requests_flag_and_adds_a_window_for_llm42():
+    """Warm-up requests are the run's first ones, cut to 16 new tokens, deterministic where the
+    run's are; an llm42 server gets one deterministic request past a window as well."""
+    from benchmarks.bench_serving import warmup_inputs
+    from benchmarks.request_funcs import RequestInput
+
+    inputs = [RequestInput(f"p{i}", 3, 40 if i else 8, "m", 0.0, is_deterministic=i % 3 == 1,
+                           send_flag=True) for i in range(6)]
+    warm = warmup_inputs(inputs, 4, window=64)
+    assert [w.prompt for w in warm] == ["p0", "p1", "p2", "p3", "p0"]
+    assert [w.output_len for w in warm] == [8, 16, 16, 16, 66]
+    assert [w.is_deterministic for w in warm] == [False, True, False, False, True]
+    plain = warmup_inputs(inputs, 2, window=None)
+    assert [(w.prompt, w.is_deterministic) for w in plain] == [("p0", False), ("p1", True)]

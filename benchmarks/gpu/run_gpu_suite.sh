@@ -154,8 +154,9 @@
 #   STEP/profile_LABEL_rRATIO_WORKLOAD/profile.md: GPU busy vs idle per step, host syncs and
 #   the python functions around them; STEP.tar.gz leaves the *.trace.json.gz out, they come
 #   back in $OUT/STEP-traces.tar.gz, one more file, when under 15 MiB in all. 5 is plenty)
-#   WARMUP_REQUESTS (unset: bench_serving's one warm-up request per run) N: N short warm-up
-#   requests of the run's own prompts (and one deterministic) before each timed run; the first run
+#   WARMUP_REQUESTS (unset: bench_serving's one warm-up request per run) N: the run's first N
+#   requests, 16 new tokens each and deterministic where the run's are (and one deterministic
+#   request past a window on llm42 servers), before each timed run; the first run
 #   after a server start or window switch otherwise pays first-use warm-up (the SmolLM2 sweep's
 #   W = 128 row: prefill steps 33 ms against 19-21 ms later). 64 is plenty
 #   REPEATS=1 (N: every config, workload and ratio of a driver step runs N times in a row on its
