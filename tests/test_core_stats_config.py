@@ -288,6 +288,7 @@ def test_which_deterministic_prefills_run_alone(kwargs, threshold) -> None:
     ({"inline_pad_ratio": 0}, {"inline_pad_ratio": 0.0}),  # inline for full steps only
     ({"batched_prefill": False}, {"batched_prefill": False}),
     ({"batched_prefill": None}, {"batched_prefill": None}),  # the verifier's default
+    ({"defer_verify_on_prefill": True}, {"defer_verify_on_prefill": True}),
 ])
 def test_benchmark_mode_parses(body, mode) -> None:
     from llm42.core.config import parse_benchmark_mode
@@ -314,6 +315,7 @@ def test_benchmark_mode_parses(body, mode) -> None:
     ({"max_verify_wait": True}, "max_verify_wait must be an integer >= 0 or null, got True"),
     ({"overlap_verify": 1}, "overlap_verify must be true or false, got 1"),
     ({"batched_prefill": "no"}, "batched_prefill must be true or false or null, got 'no'"),
+    ({"defer_verify_on_prefill": None}, "defer_verify_on_prefill must be true or false, got None"),
     ({"max_finish_wait": -2}, "max_finish_wait must be an integer >= 0 or null, got -2"),
     ({"max_finish_wait": 1.5}, "max_finish_wait must be an integer >= 0 or null, got 1.5"),
     ({"max_passes_per_step": 1}, "unknown field 'max_passes_per_step'"),  # not switchable

@@ -397,7 +397,7 @@ def setting_fields() -> list[Field]:
 BENCHMARK_MODE_FIELDS = ("skip_compare", "inject_mismatch_rate", "window_size",
                          "verify_batch_size", "max_verify_wait", "overlap_verify",
                          "max_finish_wait", "inline_pad_ratio", "inline_prefill",
-                         "batched_prefill")
+                         "batched_prefill", "defer_verify_on_prefill")
 
 
 class ModeSwitchBusy(RuntimeError):
@@ -423,7 +423,8 @@ def parse_benchmark_mode(body) -> dict:
     # null: the flag's default (batched_prefill: the verifier's; the waits: W // 4, following W)
     mode = {name: None for name in NULLABLE_MODE_FIELDS if body.get(name, False) is None}
     body = {name: value for name, value in body.items() if name not in mode}
-    for name in ("skip_compare", "overlap_verify", "inline_prefill", "batched_prefill"):
+    for name in ("skip_compare", "overlap_verify", "inline_prefill", "batched_prefill",
+                 "defer_verify_on_prefill"):
         if name in body:
             if not isinstance(body[name], bool):
                 raise ValueError(f"{name} must be true or false{_OR_NULL.get(name, '')}, "
