@@ -44,6 +44,9 @@ from benchmarks.metrics import empty_summary
 from benchmarks.profile_trigger import PROFILE_WAIT_S, ProfileTrigger, finish_profile
 
 RESULTS = "results.jsonl"
+# A run is started when the time left holds this share of its recorded duration (recorded runs
+# were often on another card or commit; the deadline stops one that overruns).
+RUN_PRICE_FACTOR = 0.9
 # nondet-no-overlap / llm42-no-overlap: SGLang's normal event loop instead of the overlap loop
 # (llm42 runs in both); they measure what the overlap scheduler is worth with and without llm42.
 # nondet-defaults: plain SGLang with its own defaults for what the like-for-like flags pin.
@@ -429,6 +432,7 @@ class Driver:
         # the sampled requests, shared by every run (benchmarks.rows_cache); not results
         self.rows_cache = Path(tempfile.mkdtemp(prefix="llm42-rows-"))
         self.start_seconds: list[float] = []  # each server start's, to price the next one
+        self._recorded: list[dict] | None = None  # benchmarks/results/ rows, read when needed
 
     def server_args_of(self, cfg: ServerConfig) -> list[str]:
         return self.server_args if cfg.like_for_like else without_like_for_like(self.server_args)
@@ -554,9 +558,9 @@ class Driver:
         if self.args.timeline:  # baselines too: their decode gaps are what llm42's compare to
             flags = flags + ["--llm42-timeline-dir", str(timeline)]
         # a start that cannot be followed by one run is device time spent for nothing: the
-        # longest start so far (sglang-det's took 88 s, then had no time to run) plus a run
-        need = max([self.args.min_config_s]
-                   + [s + self.args.min_run_s for s in self.start_seconds])
+        # longest start so far (sglang-det's took 88 s, then had no time to run) plus its run
+        first = self.expected_run_s(cfg, self.workloads[0], cfg.ratios[0]) if cfg.ratios else 0
+        need = max([self.args.min_config_s] + [s + first for s in self.start_seconds])
         if self.time_left() < need:
             for each in [cfg, *cfg.switched]:
                 self.skip_rows(each, f"not run: time budget (--budget-s {self.args.budget_s}) "
@@ -599,11 +603,25 @@ class Driver:
             if timeline.is_dir():
                 summarize_timeline(timeline)
 
+    def expected_run_s(self, cfg: ServerConfig, wl: list[str], ratio: float) -> float:
+        """Seconds a run is likely to take: the recorded run closest to it
+        (`benchmarks.gpu.estimate`, from `benchmarks/results/`) times `RUN_PRICE_FACTOR`, at
+        least --min-run-s. A run that cannot finish in the time left is not started: the
+        deadline would kill it (sglang-det's 8B ShareGPT run takes ~100 s)."""
+        from benchmarks.gpu import estimate
+
+        if self._recorded is None:
+            self._recorded = estimate.recorded_rows()
+        seconds, _ = estimate.price_run(self._recorded, self.args.model_path,
+                                        workload_label(wl, self.bench_args), cfg.config, ratio,
+                                        cfg.meta, 0.0)
+        return max(self.args.min_run_s, RUN_PRICE_FACTOR * seconds)
+
     def bench_all(self, cfg: ServerConfig, url: str) -> None:
         for wl in self.workloads:
             for ratio in cfg.ratios:
                 for repeat in range(self.args.repeats):
-                    if self.time_left() < self.args.min_run_s:
+                    if self.time_left() < self.expected_run_s(cfg, wl, ratio):
                         if repeat == 0:  # a missing repeat needs no row: the first one stands
                             self.skip_rows(_with_ratio(cfg, ratio), "not run: time budget spent",
                                            "", [wl])
@@ -665,7 +683,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-config-s", type=float, default=120.0,
                    help="with --budget-s: least time left to start another server")
     p.add_argument("--min-run-s", type=float, default=30.0,
-                   help="with --budget-s: least time left to start another benchmark")
+                   help="with --budget-s: least time left to start another benchmark (more "
+                        "where a recorded run under benchmarks/results/ took longer: "
+                        "expected_run_s)")
     p.add_argument("--repeats", type=int, default=1,
                    help="run every config, workload and ratio this many times in a row on its "
                         "server (rows carry `repeat`; the report compares each run with the "

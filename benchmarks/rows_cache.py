@@ -14,8 +14,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from benchmarks.workloads import DatasetRow
 

@@ -4,6 +4,7 @@ starts, stops, runs and mode switches; skipped rows say why.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -397,7 +398,7 @@ def test_driver_repeats_each_run_on_its_server_and_skips_a_start_it_cannot_use(t
         if "benchmarks.bench_serving" not in argv:  # git, for the rows' commit
             return run(argv, timeout=timeout, **kwargs)
         clock[0] += 10.0
-        opt = dict(zip(argv, argv[1:]))
+        opt = dict(itertools.pairwise(argv))
         meta = json.loads(opt["--extra-metadata"])
         clients.append((opt["--config-label"], opt["--deterministic-ratio"], opt["--rows-cache"],
                         meta.get("repeat")))
@@ -428,3 +429,46 @@ def test_driver_repeats_each_run_on_its_server_and_skips_a_start_it_cannot_use(t
     assert "| 0.800x |" in first[0] and "| 1.000x |" in second[0], table  # nondet's mean: 90
     with pytest.raises(SystemExit, match="--repeats must be at least 1"):
         driver.main(["--model-path", "m", "--out-dir", str(tmp_path / "x"), "--repeats", "0"])
+
+
+def test_driver_prices_each_run_from_recorded_runs_before_starting_it(tmp_path, monkeypatch):
+    """A run whose recorded duration (benchmarks/results/, via benchmarks.gpu.estimate) does not
+    fit the time left is not started, nor is the server it would need: sglang-det's ~100 s run
+    after a start of 80 s with 150 s left."""
+    from benchmarks import driver
+    from benchmarks.env_info import append_jsonl
+    from benchmarks.gpu import estimate
+    from llm42 import server_process
+
+    clock, started, ran = [0.0], [], []
+    monkeypatch.setattr(driver.time, "monotonic", lambda: clock[0])
+    recorded = [{**result_row(c, 0.0, 1.0, model="/x/m", workload="sharegpt n=500",
+                              duration=d), "_file": "f"}
+                for c, d in (("nondet", 10.0), ("sglang-det", 50.0))]
+    monkeypatch.setattr(estimate, "recorded_rows", lambda root=None: recorded)
+
+    class FakeServer(_FakeServer):
+        def start(self):
+            clock[0] += 80.0
+            started.append(self.flags)
+
+        def stop(self):
+            pass
+
+    def fake_bench(self, cfg, url, wl, ratio, repeat=0):
+        clock[0] += 20.0
+        ran.append(cfg.config)
+        append_jsonl(self.results, result_row(cfg.config, ratio, 1.0))
+
+    monkeypatch.setattr(server_process, "SGLangServer", FakeServer)
+    monkeypatch.setattr(driver.Driver, "bench", fake_bench)
+    base = ["--model-path", "/y/m", "--configs", "nondet,sglang-det", "--min-config-s", "10",
+            "--min-run-s", "5", "--workload", "--dataset-name sharegpt --num-prompts 1000"]
+    assert driver.main(base + ["--out-dir", str(tmp_path / "a"), "--budget-s", "250"]) == 0
+    # nondet: 80 s start + 20 s run; sglang-det needs 80 + 0.9 x 100 (its 500-prompt run x 2)
+    assert ran == ["nondet"] and len(started) == 1
+    [skipped] = [r for r in read_results(tmp_path / "a") if r["skipped"]]
+    assert "(150 s left, 170 s needed" in skipped["skip_reason"], skipped["skip_reason"]
+    clock[0], ran[:] = 0.0, []
+    assert driver.main(base + ["--out-dir", str(tmp_path / "b"), "--budget-s", "270"]) == 0
+    assert ran == ["nondet", "sglang-det"]

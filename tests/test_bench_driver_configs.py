@@ -105,17 +105,18 @@ def test_pass_scheduling_variants_share_one_server():
     assert [(v.label, v.meta["benchmark_mode"]) for v in host.switched] == [
         ("llm42-w64-max-verify-wait48-overlap-verify",
          {"skip_compare": False, "inject_mismatch_rate": 0.0, "max_verify_wait": 48,
-          "overlap_verify": True, "max_finish_wait": None, "inline_pad_ratio": 2.0, "inline_prefill": True, "batched_prefill": None,
-          "defer_verify_on_prefill": False}),
+          "overlap_verify": True, "max_finish_wait": None, "inline_pad_ratio": 2.0,
+          "inline_prefill": True, "batched_prefill": None, "defer_verify_on_prefill": False}),
         ("llm42-w64-no-overlap-verify",
          {"skip_compare": False, "inject_mismatch_rate": 0.0, "max_verify_wait": None,
-          "overlap_verify": False, "max_finish_wait": None, "inline_pad_ratio": 2.0, "inline_prefill": True, "batched_prefill": None,
-          "defer_verify_on_prefill": False})]
+          "overlap_verify": False, "max_finish_wait": None, "inline_pad_ratio": 2.0,
+          "inline_prefill": True, "batched_prefill": None, "defer_verify_on_prefill": False})]
     # back to its own: the flags' defaults (overlap-verify on since defaults version 4)
     assert driver.plain_mode(host) == {"skip_compare": False, "inject_mismatch_rate": 0.0,
                                        "max_verify_wait": None, "overlap_verify": True,
-                                       "max_finish_wait": None, "inline_pad_ratio": 2.0, "inline_prefill": True, "batched_prefill": None,
-          "defer_verify_on_prefill": False}
+                                       "max_finish_wait": None, "inline_pad_ratio": 2.0,
+                                       "inline_prefill": True, "batched_prefill": None,
+                                       "defer_verify_on_prefill": False}
     assert [c.ratios for c in [host, *host.switched]] == [[0.1, 1.0]] * 3
     # a survey: the variants after the first at their own ratios
     survey = driver.server_configs(argparse.Namespace(**vars(args), args_variant_ratios="0.1"))
