@@ -125,7 +125,7 @@ def test_pass_scheduling_variants_share_one_server():
     assert driver.scheduling_mode("--llm42-max-verify-wait=12 --x 1") == (
         "--x 1", {"max_verify_wait": 12, "overlap_verify": True, "max_finish_wait": None,
                   "inline_pad_ratio": 2.0, "inline_prefill": True, "batched_prefill": None,
-          "defer_verify_on_prefill": False})
+                  "defer_verify_on_prefill": False})
     assert driver.scheduling_mode("--llm42-max-finish-wait 8")[1]["max_finish_wait"] == 8
     assert driver.scheduling_mode("--llm42-inline-pad-ratio 0.5")[1]["inline_pad_ratio"] == 0.5
 
