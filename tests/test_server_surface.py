@@ -262,7 +262,7 @@ def test_benchmark_modes_switch_on_a_running_server(llm42_server):
             "window_size": WINDOW, "verify_batch_size": VERIFY_BATCH,
             "max_verify_wait": WINDOW // 4, "overlap_verify": True,
             "max_finish_wait": WINDOW // 4, "inline_pad_ratio": 2.0, "inline_prefill": True,
-            "batched_prefill": False}
+            "batched_prefill": False, "defer_verify_on_prefill": False}
         requests.post(url + "/reset_llm42_stats", timeout=30)
         injected = generate(url, prompt, det=True, max_new_tokens=24)
         stats = requests.get(url + "/llm42_stats", timeout=30).json()
@@ -275,7 +275,7 @@ def test_benchmark_modes_switch_on_a_running_server(llm42_server):
             "window_size": WINDOW, "verify_batch_size": VERIFY_BATCH,
             "max_verify_wait": WINDOW // 4, "overlap_verify": True,
             "max_finish_wait": WINDOW // 4, "inline_pad_ratio": 2.0, "inline_prefill": True,
-            "batched_prefill": False}
+            "batched_prefill": False, "defer_verify_on_prefill": False}
         requests.post(url + "/reset_llm42_stats", timeout=30)
         generate(url, prompt, det=True, max_new_tokens=24)
         stats = requests.get(url + "/llm42_stats", timeout=30).json()
@@ -297,9 +297,16 @@ def test_benchmark_modes_switch_on_a_running_server(llm42_server):
             assert scheduled[:2] == base[:2], "tokens and logprobs as with the flags' defaults"
             overlapped[overlap] = stats["overlapped_passes"]
         assert overlapped[True] >= 1 and overlapped[False] == 0, overlapped
+        # passes held back from steps about to prefill: when, not what
+        assert _mode(llm42_server, {"defer_verify_on_prefill": True}).json()[
+            "defer_verify_on_prefill"] is True
+        deferred = generate(url, prompt, det=True, max_new_tokens=24)
+        stats = requests.get(url + "/llm42_stats", timeout=30).json()
+        assert stats["defer_verify_on_prefill"] is True and deferred[:2] == base[:2], stats
     finally:
         _mode(llm42_server, {"inject_mismatch_rate": 0.0, "skip_compare": False,
-                             "max_verify_wait": None, "overlap_verify": True})
+                             "max_verify_wait": None, "overlap_verify": True,
+                             "defer_verify_on_prefill": False})
     stats = requests.get(url + "/llm42_stats", timeout=30).json()
     assert not stats["skip_compare"] and stats["inject_mismatch_rate"] == 0.0
 
@@ -408,8 +415,8 @@ def test_window_switch_serves_as_a_server_started_with_that_window(llm42_server,
             "success": True, "skip_compare": False, "inject_mismatch_rate": 0.0,
             "window_size": SWITCHED_WINDOW, "verify_batch_size": VERIFY_BATCH,
             "max_verify_wait": SWITCHED_WINDOW // 4, "overlap_verify": True,
-            "max_finish_wait": SWITCHED_WINDOW // 4, "inline_pad_ratio": 2.0, "inline_prefill": True,
-            "batched_prefill": False}
+            "max_finish_wait": SWITCHED_WINDOW // 4, "inline_pad_ratio": 2.0,
+            "inline_prefill": True, "batched_prefill": False, "defer_verify_on_prefill": False}
         switched = run(url)
         stats = requests.get(url + "/llm42_stats", timeout=30).json()
         assert (stats["window_size"], stats["max_verify_wait"]) == (16, 4), stats
