@@ -279,3 +279,25 @@ def test_a_pass_cap_runs_one_round_per_step(rt, rounds):
     reqs = [Req(f"r{i}", [4] * 9, 1) for i in range(2)]  # two full windows each
     hooks_verify.verify_due(rt, rt.scheduler, _batch(*reqs))
     assert rounds == [(["r0"], False)], "one pass this step; r1 waits its turn"
+
+
+def test_only_deterministic_requests_with_penalties_or_processors_need_fed_outputs():
+    """The overlap loop processes the in-flight result first only for a deterministic request
+    whose logits read its past outputs (penalties, a custom processor); the scan looks at the
+    deterministic requests alone (`request_state.deterministic`), so a normal request with a
+    penalty, or a plain one, never forces it."""
+    from llm42.sglang.request_state import deterministic
+
+    def req(det: bool, penalty: float = 0.0, processor=None):
+        sampling = SimpleNamespace(frequency_penalty=penalty, presence_penalty=0.0,
+                                   repetition_penalty=1.0)
+        r = SimpleNamespace(sampling_params=sampling, custom_logit_processor=processor)
+        attach(r, DetRequestState(rid="d", window_size=W, num_prompt_tokens=3) if det else None)
+        return r
+
+    plain, normal_penalty = req(True), req(False, penalty=0.5)
+    bare = SimpleNamespace(sampling_params=None)  # never attached: not deterministic
+    assert deterministic([normal_penalty, plain, bare]) == [plain]
+    assert not in_flight.needs_fed_outputs([plain, normal_penalty, bare])
+    assert in_flight.needs_fed_outputs([normal_penalty, req(True, penalty=0.5)])
+    assert in_flight.needs_fed_outputs([req(True, processor="p"), plain])

@@ -14,7 +14,7 @@ import time
 
 from llm42.core.verify_round import cap_jobs, due_jobs, range_is_fixed
 from llm42.sglang import in_flight, inline_verify, runtime, verify_passes
-from llm42.sglang.request_state import det_state, of
+from llm42.sglang.request_state import det_state, deterministic, of
 
 
 def decode_result_hook(original, processor, batch, result):
@@ -114,12 +114,15 @@ def verify_due(rt, scheduler, batch) -> None:
     touched, drained = [], False
     capped = cfg.max_passes_per_step or cfg.max_pass_rows_per_step is not None
     while not (touched and capped):  # under a pass or row cap: one round per step
-        num_running = len(batch.reqs)
-        num_det, rolled_back = (inline_verify.chained_rows(batch.reqs)
+        num_running, det_reqs = len(batch.reqs), deterministic(batch.reqs)
+        if not det_reqs:
+            break
+        num_det, rolled_back = (inline_verify.chained_rows(det_reqs)
                                 if inline_verify.active(rt) else (0, False))
         ready, urgent = [], []
-        for r in batch.reqs:
-            if (st := det_state(r)) is None or r.finished():
+        for r in det_reqs:
+            st = det_state(r)
+            if r.finished():
                 continue
             catch_up = inline_verify.catching_up(rt, r, st, num_running, num_det, rolled_back)
             if st.is_ready or catch_up:

@@ -60,8 +60,7 @@ def needs_fed_outputs(reqs) -> bool:
     steps, which is right either way.) A custom logit processor reads the request's output_ids,
     which lag the same way: the same rule holds for it."""
     from llm42.sglang import verify_logits
-    from llm42.sglang.request_fields import is_deterministic_params
+    from llm42.sglang.request_state import deterministic
 
-    return any(is_deterministic_params(r.sampling_params)
-               and (verify_logits.uses_penalties(r.sampling_params)
-                    or getattr(r, "custom_logit_processor", None)) for r in reqs)
+    return any(verify_logits.uses_penalties(r.sampling_params)
+               or getattr(r, "custom_logit_processor", None) for r in deterministic(reqs))

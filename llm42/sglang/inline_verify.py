@@ -95,13 +95,15 @@ def worth_inline(rt, num_rows: int, num_det_rows: int, rolled_back: bool = False
 def chained_rows(reqs) -> tuple[int, bool]:
     """How many of `reqs` are rows an inline step can verify (deterministic, with a verified
     prompt: their KV can become the verifier's), and whether one of them was rolled back: the
-    two inputs of `worth_inline`."""
+    two inputs of `worth_inline`. The hooks pass the batch's deterministic requests only
+    (`request_state.deterministic`): a Python loop over every row costs a host-bound step."""
     num, rolled = 0, False
     for req in reqs:
-        state = det_state(req)
-        if state is not None and state.verify_prompt and not req.finished():
+        fields = of(req)
+        if fields is not None and fields.det is not None and fields.det.verify_prompt and (
+                not req.finished()):
             num += 1
-            rolled = rolled or of(req).rolled_back
+            rolled = rolled or fields.rolled_back
     return num, rolled
 
 
@@ -119,15 +121,20 @@ def plan_step(rt, batch) -> None:
         return
     if not batch.forward_mode.is_decode():
         return
-    num_det, rolled_back = chained_rows(batch.reqs)
+    det_rows = [i for i, req in enumerate(batch.reqs)
+                if (f := getattr(req, "_llm42", None)) is not None and f.det is not None]
+    if not det_rows:
+        return
+    num_det, rolled_back = chained_rows([batch.reqs[i] for i in det_rows])
     inline = worth_inline(rt, len(batch.reqs), num_det, rolled_back)
     if num_det and not inline:
         rt.stats.observe_inline_declined()
-    positions = [int(s) - 1 for s in batch.seq_lens_cpu.tolist()]
+    seq_lens = batch.seq_lens_cpu.tolist()  # a row's input token sits at its length - 1
     eligible = []
-    for i, (req, p) in enumerate(zip(batch.reqs, positions)):
+    for i in det_rows:
+        req, p = batch.reqs[i], seq_lens[i] - 1
         fields = of(req)
-        if fields is None or fields.det is None or fields.exact_kv is None:
+        if fields.exact_kv is None:
             continue
         exact = min(fields.exact_kv, p)  # KV from p on is written by this step
         if inline and exact == p:
@@ -135,7 +142,7 @@ def plan_step(rt, batch) -> None:
             exact = p + 1
         fields.exact_kv = exact
     if eligible:
-        _LAUNCH = InlineStep(batch, list(batch.reqs), positions, eligible)
+        _LAUNCH = InlineStep(batch, list(batch.reqs), [n - 1 for n in seq_lens], eligible)
 
 
 def _abandon(step: _Step) -> None:
