@@ -23,7 +23,8 @@ def test_manifest_matches_the_pinned_sglang():
     targets = [s.target for s in specs]
     assert len(targets) == len(set(targets)), "one entry per upstream target"
     for spec in specs:
-        assert spec.type in ("before", "after", "around", "property", *plugin.CPU_ONLY_TYPES), spec
+        assert spec.type in ("before", "after", "around", "property", plugin.DET_REQUEST_TYPE,
+                             *plugin.CPU_ONLY_TYPES), spec
         assert callable(manifest.resolve_hook(spec)), spec.hook
         assert spec.reason and spec.fingerprint.startswith("sha256:"), spec
 
@@ -75,6 +76,10 @@ def test_matching_manifest_registers_every_hook(monkeypatch):
     monkeypatch.setattr(plugin, "REGISTRATION_PROBLEMS", [])
     monkeypatch.setattr(plugin, "_patch_property", lambda target, hook: registered.append(target))
     monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    monkeypatch.setattr(plugin, "DET_REQUEST_HOOKS", [])
     plugin.register()
     assert plugin.REGISTRATION_PROBLEMS == []
-    assert sorted(registered) == sorted(s.target for s in _specs())
+    per_request = [s for s in _specs() if s.type == plugin.DET_REQUEST_TYPE]
+    assert [name for name, _ in plugin.DET_REQUEST_HOOKS] == [
+        s.target.rsplit(".", 1)[1] for s in per_request] == ["update_finish_state"]
+    assert sorted(registered) == sorted(s.target for s in _specs() if s not in per_request)

@@ -301,3 +301,26 @@ def test_only_deterministic_requests_with_penalties_or_processors_need_fed_outpu
     assert not in_flight.needs_fed_outputs([plain, normal_penalty, bare])
     assert in_flight.needs_fed_outputs([normal_penalty, req(True, penalty=0.5)])
     assert in_flight.needs_fed_outputs([req(True, processor="p"), plain])
+
+
+def test_finish_hook_is_bound_on_deterministic_requests_only(monkeypatch):
+    """`around_det_req` (patches/): Req.update_finish_state goes through llm42's hook for a
+    deterministic request, bound when it is created, and stays SGLang's own method for every
+    other request (no per-request wrapper on a host-bound decode step)."""
+    from llm42.sglang import plugin
+
+    class SGLangReq:
+        def update_finish_state(self, new_accepted_len: int = 1):
+            return ("sglang", new_accepted_len)
+
+    def hook(original, req, new_accepted_len=1):
+        return ("llm42", original(req, new_accepted_len))
+
+    monkeypatch.setattr(plugin, "DET_REQUEST_HOOKS", [("update_finish_state", hook)])
+    det, normal = SGLangReq(), SGLangReq()
+    hooks_lifecycle._bind_det_request_hooks(det)
+    assert det.update_finish_state() == ("llm42", ("sglang", 1))
+    assert det.update_finish_state(3) == det.update_finish_state(new_accepted_len=3) == (
+        "llm42", ("sglang", 3))
+    assert normal.update_finish_state(2) == ("sglang", 2)
+    assert "update_finish_state" not in vars(normal)

@@ -4,6 +4,7 @@ its finishes (deferred until verified, or an abort dropping its candidates) and 
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import replace
 
@@ -112,14 +113,25 @@ def req_init_hook(result, req, *args, **kwargs):
         num_prompt_tokens=len(req.origin_input_ids),
     )
     fields = attach(req, state)
+    _bind_det_request_hooks(req)
     # Never match or publish radix-cache prefixes: cached KV was computed by other batches.
     fields.sglang_extra_key, req.extra_key = req.extra_key, f"llm42-det:{req.rid}"
     req.skip_radix_cache_insert = True
     req.customized_info = {key: _CounterView(state, attr) for key, attr in META_KEYS.items()}
 
 
+def _bind_det_request_hooks(req) -> None:
+    """The `around_det_req` hooks of patches/ as this request's own methods: its calls go
+    through them, other requests' calls straight to SGLang's method (`plugin.DET_REQUEST_TYPE`)."""
+    from llm42.sglang.plugin import DET_REQUEST_HOOKS
+
+    for name, hook in DET_REQUEST_HOOKS:
+        setattr(req, name, functools.partial(hook, getattr(type(req), name), req))
+
+
 def update_finish_state_hook(original, req, new_accepted_len: int = 1):
-    """AROUND Req.update_finish_state: keep SGLang's checks, defer finishes of candidates.
+    """AROUND Req.update_finish_state, bound on deterministic requests only
+    (`_bind_det_request_hooks`): keep SGLang's checks, defer finishes of candidates.
 
     A finish caused by unverified candidates is withheld in the request's state
     (`DetRequestState.deferred_finish`) until the decision verifying them releases it."""

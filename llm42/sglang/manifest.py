@@ -27,7 +27,8 @@ from pathlib import Path
 @dataclass(frozen=True)
 class HookSpec:
     target: str  # dotted path of the upstream function, method or property
-    type: str  # before | after | around | property | replace_on_cpu | around_on_cpu
+    # before | after | around | around_det_req | property | replace_on_cpu | around_on_cpu
+    type: str
     hook: str  # "module:function" implementing it in llm42
     reason: str
     fingerprint: str
