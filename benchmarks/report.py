@@ -115,7 +115,7 @@ def _baselines(rows: list[dict]) -> dict[tuple[str, str], float]:
         if row.get("config") in BASELINES and not row.get("skipped") and (
                 row.get("output_throughput")):
             key = (workload_of(row), row["config"])
-            if row.get("repeat") is None or row.get("repeat") == 0:
+            if not row.get("repeat"):  # a first run (or an unrepeated one)
                 runs[key] = []  # a later server (or call) of the same baseline replaces it
             runs.setdefault(key, []).append(row)
     return {key: sum(r["output_throughput"] for r in same) / len(same)

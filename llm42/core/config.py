@@ -186,12 +186,12 @@ class Llm42Config:
         "\"inject_mismatch_rate\": float, \"window_size\": int, \"verify_batch_size\": int, "
         "\"max_verify_wait\": int or null, \"overlap_verify\": bool, \"max_finish_wait\": int or "
         "null, \"inline_pad_ratio\": number, \"inline_prefill\": bool, \"batched_prefill\": "
-        "bool or null} to switch those settings on the running server between benchmark runs "
-        "(one server start for llm42, comparison-skipped and injected runs, a window sweep and "
-        "a survey of the pass "
-        "scheduling). A window or B switch needs an idle server: with deterministic requests "
-        "in flight it is refused (409). Off (default): the endpoint "
-        "answers 403, since skip_compare turns determinism off.")
+        "bool or null, \"defer_verify_on_prefill\": bool} to switch those settings on the "
+        "running server between benchmark runs (one server start for llm42, comparison-skipped "
+        "and injected runs, a window sweep and a survey of the pass scheduling). A window or B "
+        "switch needs an idle server: with deterministic requests in flight it is refused "
+        "(409). Off (default): the endpoint answers 403, since skip_compare turns determinism "
+        "off.")
     allow_unproven_backend: bool = _setting(
         False, "--llm42-allow-unproven-backend",
         "Experiments only: start even though the attention backend SGLang resolved has no "

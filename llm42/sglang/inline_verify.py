@@ -45,7 +45,7 @@ from llm42.sglang import (
     tp_share,
     verifier,
 )
-from llm42.sglang.request_state import det_state, of
+from llm42.sglang.request_state import det_state, deterministic_rows, of
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import ScheduleBatch
@@ -121,8 +121,7 @@ def plan_step(rt, batch) -> None:
         return
     if not batch.forward_mode.is_decode():
         return
-    det_rows = [i for i, req in enumerate(batch.reqs)
-                if (f := getattr(req, "_llm42", None)) is not None and f.det is not None]
+    det_rows = deterministic_rows(batch.reqs)
     if not det_rows:
         return
     num_det, rolled_back = chained_rows([batch.reqs[i] for i in det_rows])

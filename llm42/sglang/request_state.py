@@ -70,8 +70,14 @@ def det_state(req) -> DetRequestState | None:
     return None if fields is None else fields.det
 
 
+def deterministic_rows(reqs: Sequence) -> list[int]:
+    """The indices of the deterministic requests of `reqs`, in order. The scheduler hooks run on
+    the host's critical path (an 8B decode step at 256 rows is host-bound), so each step scans
+    its batch once here and loops over the few deterministic rows, not over every row in Python."""
+    return [i for i, r in enumerate(reqs)
+            if (f := getattr(r, "_llm42", None)) is not None and f.det is not None]
+
+
 def deterministic(reqs: Sequence) -> list:
-    """The deterministic requests of `reqs`, in order. The scheduler hooks run on the host's
-    critical path (an 8B decode step at 256 rows is host-bound), so each step scans its batch
-    once here and loops over the few deterministic rows, not over every row in Python."""
-    return [r for r in reqs if (f := getattr(r, "_llm42", None)) is not None and f.det is not None]
+    """The deterministic requests of `reqs`, in order (`deterministic_rows`)."""
+    return [reqs[i] for i in deterministic_rows(reqs)]
