@@ -44,6 +44,8 @@ SNAPSHOT_KEYS = {
     "inline_prefill_prompts",
     "inline_prefill_time_s",
     "inline_prefill_rows_only",
+    "folded_passes",
+    "fold_missed",
     "schedule_time_s",
     "batch_build_time_s",
     "steps_decode", "steps_prefill", "steps_det_prefill",
@@ -89,6 +91,8 @@ def test_stats_arithmetic() -> None:
     stats.observe_inline_declined()
     stats.observe_inline_prefill(rows=40, launch_seconds=0.5)
     stats.observe_inline_prefill(rows=2, launch_seconds=0.25, rows_only=True)
+    for folded in (True, True, False):
+        stats.observe_fold(folded)
     stats.observe_inline_prompt()
     stats.observe_step("decode", 0.125)
     stats.observe_step("decode", 0.25)
@@ -126,6 +130,7 @@ def test_stats_arithmetic() -> None:
         "inline_launch_time_s": 0.25, "inline_sample_time_s": 0.125,
         "inline_prefill_steps": 2, "inline_prefill_rows": 42, "inline_prefill_prompts": 1,
         "inline_prefill_time_s": 0.75, "inline_prefill_rows_only": 1,
+        "folded_passes": 2, "fold_missed": 1,
         "schedule_time_s": 1.5,
         "batch_build_time_s": 0.25,
         "steps_decode": 2, "steps_prefill": 0, "steps_det_prefill": 1,

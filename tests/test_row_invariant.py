@@ -72,12 +72,15 @@ def row_server_apart(tiny_model, tmp_path_factory):
 
 
 def _switch(url: str, window: int, batch: int, pad_ratio: float | None = None,
-            inline_prefill: bool | None = None, batched_prefill: bool | None = None) -> None:
-    """W and B, and the pad ratio, inline prompt rows and batched prefill when given (the
-    fixed-shape control's server keeps its own)."""
+            inline_prefill: bool | None = None, batched_prefill: bool | None = None,
+            fold_passes: bool | None = None) -> None:
+    """W and B, and the pad ratio, inline prompt rows, batched prefill and folded passes when
+    given (the fixed-shape control's server keeps its own)."""
     mode = {"window_size": window, "verify_batch_size": batch}
     if batched_prefill is not None:
         mode["batched_prefill"] = batched_prefill
+    if fold_passes is not None:
+        mode["fold_passes"] = fold_passes
     if pad_ratio is not None:
         mode["inline_pad_ratio"] = pad_ratio
     if inline_prefill is not None:
@@ -281,6 +284,35 @@ def test_a_rounds_rows_form_one_pass_whatever_b(row_server):
     rows = after["verify_rows"] - before["verify_rows"]
     passes = after["verify_passes"] - before["verify_passes"]
     assert rows >= 5 and passes == 1, (rows, passes)
+    wait_idle_and_healthy(row_server)
+
+
+def test_due_passes_fold_into_decode_steps_and_change_no_output(row_server, row_server_apart):
+    """Pad ratio 0 (no step short of R rows is inline by itself) and W = 4: three deterministic
+    requests decode in steps of three rows, so their full windows (4 entries each, 15 rows with
+    the step's) ride in the next decode step's padding instead of passes of their own, and the
+    server's injected mismatches roll some of them back. The outputs are bitwise those of the
+    same server with every pass apart, and those of the passes-only server."""
+    url, prompts = row_server.url, [p + " Folded." for p in PROMPTS[:3]]
+    try:
+        _switch(url, 4, 4, 0.0, True)
+        before = llm42_stats(url)
+        folded = _outputs(url, prompts, {})
+        mid = llm42_stats(url)
+        _switch(url, 4, 4, fold_passes=False)
+        apart = _outputs(url, prompts, {})
+        after = llm42_stats(url)
+    finally:
+        _switch(url, 8, 4, INLINE_ALWAYS, True, fold_passes=True)
+    assert_same(apart, folded, "passes folded into decode steps vs apart")
+    assert_same(_outputs(row_server_apart.url, prompts, {}), folded,
+                "passes folded into decode steps vs the passes-only server")
+    assert mid["fold_passes"] is True and after["fold_passes"] is False
+    assert mid["folded_passes"] > before["folded_passes"], mid
+    assert mid["rollbacks"] > before["rollbacks"], "no folded decision rolled back"
+    assert after["folded_passes"] == mid["folded_passes"], after
+    assert after["verify_passes"] > mid["verify_passes"], "fold off: passes apart"
+    assert after["inline_misses"] == before["inline_misses"], after
     wait_idle_and_healthy(row_server)
 
 

@@ -36,6 +36,7 @@ PUBLISHED_FLAGS = {
     "llm42_inline_verify": None,
     "llm42_inline_pad_ratio": 2.0,
     "llm42_inline_prefill": True,
+    "llm42_fold_passes": True,
     "llm42_allow_unproven_backend": False,
 }
 
@@ -47,7 +48,8 @@ OTHER_VALUES = {
     "defer_verify_on_prefill": True, "overlap_verify": False, "batched_prefill": False,
     "prefix_cache": True, "solo_prefill_min_tokens": 300, "benchmark_modes": True,
     "fp32_logits": False, "verifier": "row-invariant", "inline_verify": False,
-    "inline_pad_ratio": 0.5, "inline_prefill": False, "allow_unproven_backend": True,
+    "inline_pad_ratio": 0.5, "inline_prefill": False, "fold_passes": False,
+    "allow_unproven_backend": True,
 }
 
 

@@ -69,7 +69,8 @@ def rt(monkeypatch):
         scheduler=scheduler, config=Llm42Config(window_size=W, verify_batch_size=2,
                                                 max_verify_wait=2),
         decode_step=10, stats=Llm42Stats(), metrics=None, vocab_size=50,
-        injector=MismatchInjector(0.0, 0), handled=handled, ledger=DecisionLedger())
+        injector=MismatchInjector(0.0, 0), handled=handled, ledger=DecisionLedger(),
+        riders=None, folded=None, fold_missed=False)
     monkeypatch.setattr(runtime, "RUNTIME", fake)
     monkeypatch.setattr(runtime, "TIMELINE", None)
     return fake

@@ -180,18 +180,27 @@ class Llm42Config:
         "with no prompt pass and no drain of the overlap loop, and the request's first decode "
         "step is inline too. --no-llm42-inline-prefill verifies prompts by passes. Outputs are "
         "the same either way.")
+    fold_passes: bool = _setting(
+        True, "--llm42-fold-passes",
+        "With inline verification: the entries of the windows and prompts due for a pass ride "
+        "in the padding of the next decode step that has room for them (N + entries <= R "
+        "rows; that step then runs as the R-row row-invariant forward), instead of a forward "
+        "of their own that stalls the whole batch; decided before the step after it is built, "
+        "as a pass is. A due job that finds no such step (a prefill comes, too many rows) runs "
+        "as a pass at the next step. --no-llm42-fold-passes runs every pass apart. Outputs are "
+        "the same either way.")
     benchmark_modes: bool = _setting(
         False, "--llm42-benchmark-modes",
         "Benchmarking only: accept POST /llm42_benchmark_mode {\"skip_compare\": bool, "
         "\"inject_mismatch_rate\": float, \"window_size\": int, \"verify_batch_size\": int, "
         "\"max_verify_wait\": int or null, \"overlap_verify\": bool, \"max_finish_wait\": int or "
         "null, \"inline_pad_ratio\": number, \"inline_prefill\": bool, \"batched_prefill\": "
-        "bool or null, \"defer_verify_on_prefill\": bool} to switch those settings on the "
-        "running server between benchmark runs (one server start for llm42, comparison-skipped "
-        "and injected runs, a window sweep and a survey of the pass scheduling). A window or B "
-        "switch needs an idle server: with deterministic requests in flight it is refused "
-        "(409). Off (default): the endpoint answers 403, since skip_compare turns determinism "
-        "off.")
+        "bool or null, \"defer_verify_on_prefill\": bool, \"fold_passes\": bool} to switch "
+        "those settings on the running server between benchmark runs (one server start for "
+        "llm42, comparison-skipped and injected runs, a window sweep and a survey of the pass "
+        "scheduling). A window or B switch needs an idle server: with deterministic requests "
+        "in flight it is refused (409). Off (default): the endpoint answers 403, since "
+        "skip_compare turns determinism off.")
     allow_unproven_backend: bool = _setting(
         False, "--llm42-allow-unproven-backend",
         "Experiments only: start even though the attention backend SGLang resolved has no "
@@ -397,7 +406,7 @@ def setting_fields() -> list[Field]:
 BENCHMARK_MODE_FIELDS = ("skip_compare", "inject_mismatch_rate", "window_size",
                          "verify_batch_size", "max_verify_wait", "overlap_verify",
                          "max_finish_wait", "inline_pad_ratio", "inline_prefill",
-                         "batched_prefill", "defer_verify_on_prefill")
+                         "batched_prefill", "defer_verify_on_prefill", "fold_passes")
 
 
 class ModeSwitchBusy(RuntimeError):
@@ -424,7 +433,7 @@ def parse_benchmark_mode(body) -> dict:
     mode = {name: None for name in NULLABLE_MODE_FIELDS if body.get(name, False) is None}
     body = {name: value for name, value in body.items() if name not in mode}
     for name in ("skip_compare", "overlap_verify", "inline_prefill", "batched_prefill",
-                 "defer_verify_on_prefill"):
+                 "defer_verify_on_prefill", "fold_passes"):
         if name in body:
             if not isinstance(body[name], bool):
                 raise ValueError(f"{name} must be true or false{_OR_NULL.get(name, '')}, "

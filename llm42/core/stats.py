@@ -104,6 +104,11 @@ class Llm42Stats:
     inline_prefill_time_s: float = 0.0
     inline_prefill_rows_only: int = 0  # of those steps, ones whose every row was such a prompt's:
     # SGLang's extend skipped (the rows write all its KV)
+    # --llm42-fold-passes: passes whose entries rode in a decode step's padding (counted in
+    # verify_passes too), and rounds offered to the next step that it could not take (they ran
+    # as passes a step later)
+    folded_passes: int = 0
+    fold_missed: int = 0
     # Time inside the scheduler's next-batch step, between the iterations the step profile
     # counts: verification passes, the results drained for them, SGLang building the batch.
     schedule_time_s: float = 0.0
@@ -183,6 +188,11 @@ class Llm42Stats:
     def observe_inline_prompt(self) -> None:
         self.inline_prefill_prompts += 1
 
+    def observe_fold(self, folded: bool) -> None:
+        """A round offered to the next decode step: it rode there (`folded`) or missed it."""
+        self.folded_passes += int(folded)
+        self.fold_missed += int(not folded)
+
     def observe_inline_declined(self) -> None:
         self.inline_declined_steps += 1
 
@@ -232,6 +242,8 @@ class Llm42Stats:
             "inline_prefill_prompts": self.inline_prefill_prompts,
             "inline_prefill_time_s": self.inline_prefill_time_s,
             "inline_prefill_rows_only": self.inline_prefill_rows_only,
+            "folded_passes": self.folded_passes,
+            "fold_missed": self.fold_missed,
             "schedule_time_s": self.schedule_time_s,
             "batch_build_time_s": self.batch_build_time_s,
             **{f"steps_{k}": v for k, v in self.steps.items()},

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from llm42.core.verify_round import cap_jobs, due_jobs, range_is_fixed
-from llm42.sglang import in_flight, inline_verify, runtime, verify_passes
+from llm42.sglang import fold_pass, in_flight, inline_verify, runtime, verify_passes
 from llm42.sglang.request_state import det_state, deterministic, of
 
 
@@ -110,8 +110,10 @@ def verify_due(rt, scheduler, batch) -> None:
     the chosen jobs. With `--llm42-overlap-verify` a round whose every job's compared range is
     fixed (`range_is_fixed`) runs while that result is processed instead."""
     cfg = rt.config
-    hold = cfg.defer_verify_on_prefill and _prefill_coming(scheduler, batch)
-    touched, drained = [], False
+    touched = decide_folded(rt, scheduler, batch)
+    coming = _prefill_coming(scheduler, batch)
+    hold = cfg.defer_verify_on_prefill and coming
+    drained = False
     capped = cfg.max_passes_per_step or cfg.max_pass_rows_per_step is not None
     while not (touched and capped):  # under a pass or row cap: one round per step
         num_running, det_reqs = len(batch.reqs), deterministic(batch.reqs)
@@ -143,12 +145,32 @@ def verify_due(rt, scheduler, batch) -> None:
                 continue  # the in-flight result changed the candidates: choose again
         if cfg.max_pass_rows_per_step is not None:
             rt.stats.observe_row_cap(len(deferred))
+        if fold_pass.offer(rt, batch, jobs, coming):
+            break  # rides in the step about to be built, decided before the next one
         verify_passes.run_round(rt, scheduler, batch, jobs, overlap)
         touched += [r for r in jobs if not any(r is t for t in touched)]
     if touched:
         scheduler.batch_result_processor.output_streamer.stream_output(
             touched, batch.return_logprob
         )
+
+
+def decide_folded(rt, scheduler, batch) -> list:
+    """The decisions of the round that rode in the last decode step (`fold_pass`), once that
+    step's result is processed: as a pass decides after a drain, so that a rollback and the
+    next batch see one state. Returns the requests decided, to stream."""
+    riders = rt.folded
+    if riders is None:
+        return []
+    rt.folded = None
+    if in_flight.in_flight(scheduler):
+        in_flight.drain(scheduler)
+    present = {id(r) for r in batch.reqs}
+    reqs = [r if id(r) in present else None for r in riders.reqs]  # gone: nothing to decide
+    partial: dict = {}
+    for plan, launched in zip(riders.plans, riders.launched):
+        verify_passes.sample_and_decide(rt, scheduler, batch, reqs, partial, plan, launched)
+    return [r for r in reqs if r is not None]
 
 
 def _prefill_coming(scheduler, batch) -> bool:

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from llm42.sglang import (
+    fold_pass,
     fp32_logits,
     inline_prefill,
     prefix_cache,
@@ -61,6 +62,7 @@ class InlineStep:
     reqs: list  # its requests at launch, in row order
     positions: list[int]  # the input token's position of each row
     eligible: list[tuple[int, object, int]]  # (row, request, output index its logits predict)
+    riders: fold_pass.Riders | None = None  # a due round's entries, after the step's rows
     checked: list[int] = field(default_factory=list)  # eligible rows sampled again
     # (`inline_prefill.checked`)
     logits: torch.Tensor | None = None  # [len(checked), vocab] fp32, copied at the forward
@@ -114,6 +116,7 @@ def plan_step(rt, batch) -> None:
     global _LAUNCH
     if _LAUNCH is not None:  # planned but never run: its claims do not hold
         _abandon(_LAUNCH)
+    riders = fold_pass.attach(rt, batch) if active(rt) else None
     if not active(rt) or batch is None or not batch.reqs:
         return
     if batch.forward_mode.is_extend():
@@ -125,7 +128,8 @@ def plan_step(rt, batch) -> None:
     if not det_rows:
         return
     num_det, rolled_back = chained_rows([batch.reqs[i] for i in det_rows])
-    inline = worth_inline(rt, len(batch.reqs), num_det, rolled_back)
+    # a step carrying riders runs at R rows anyway: its padding costs nothing more
+    inline = riders is not None or worth_inline(rt, len(batch.reqs), num_det, rolled_back)
     if num_det and not inline:
         rt.stats.observe_inline_declined()
     seq_lens = batch.seq_lens_cpu.tolist()  # a row's input token sits at its length - 1
@@ -140,8 +144,9 @@ def plan_step(rt, batch) -> None:
             eligible.append((i, req, p + 1 - len(req.origin_input_ids)))
             exact = p + 1
         fields.exact_kv = exact
-    if eligible:
-        _LAUNCH = InlineStep(batch, list(batch.reqs), [n - 1 for n in seq_lens], eligible)
+    if eligible or riders is not None:
+        _LAUNCH = InlineStep(batch, list(batch.reqs), [n - 1 for n in seq_lens], eligible,
+                             riders)
 
 
 def _abandon(step: _Step) -> None:
@@ -149,6 +154,8 @@ def _abandon(step: _Step) -> None:
     _LAUNCH = None
     logger.warning("llm42: an inline step was planned but ran otherwise; its "
                    "requests are verified by passes")
+    if getattr(step, "riders", None) is not None:
+        fold_pass.missed(runtime.RUNTIME)
     for req, _, _ in step.claimed:
         fields = of(req)
         if fields is not None:
@@ -199,9 +206,12 @@ def run_forward(step: InlineStep, original, model_runner, forward_batch, *args, 
     rt = runtime.RUNTIME
     started = time.perf_counter()
     rows, n = rt.row_pass_rows, len(step.reqs)
-    own = own_forward(model_runner, forward_batch, n, rows)
+    riders = step.riders
+    entries = riders.entries if riders is not None else []
+    own = riders is None and own_forward(model_runner, forward_batch, n, rows)
     ids = forward_batch.input_ids
-    kept = verifier.to_device([i for i, _, _ in step.eligible], torch.int64, ids.device)
+    kept = verifier.to_device([i for i, _, _ in step.eligible]
+                              + list(range(n, n + len(entries))), torch.int64, ids.device)
     with row_pass.verified_rows(kept):  # the other rows keep SGLang's KV splits
         if own:
             runtime.IN_VERIFY_PASS = True
@@ -211,11 +221,15 @@ def run_forward(step: InlineStep, original, model_runner, forward_batch, *args, 
             finally:
                 runtime.IN_VERIFY_PASS = False
             out, logits = result.logits_output, result.logits_output.next_token_logits
-        else:
-            input_ids = torch.cat([ids, torch.zeros(rows - n, dtype=ids.dtype,
-                                                    device=ids.device)])
+        else:  # the step's rows, a folded round's entries (`fold_pass`), padding
+            tail = riders.tokens if riders is not None else []
+            tail += [0] * (rows - n - len(tail))
+            input_ids = torch.cat([ids, verifier.to_device(tail, ids.dtype, ids.device)])
             logits, graphed = row_pass.forward_rows(
-                rt.scheduler, step.batch, step.reqs, step.positions, rows, input_ids)
+                rt.scheduler, step.batch, step.reqs + [req for req, _, _ in entries],
+                step.positions + [pos for _, pos, _ in entries], rows, input_ids)
+            if riders is not None:
+                fold_pass.keep(rt, riders, logits, n, graphed, time.perf_counter() - started)
             out = LogitsProcessorOutput(next_token_logits=logits[:n])
             result = ModelRunnerOutput(logits_output=out, can_run_graph=graphed)
     step.checked = inline_prefill.checked(step.eligible)

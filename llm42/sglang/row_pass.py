@@ -134,14 +134,7 @@ def launch_row_pass(
     rows = rows_per_forward(torch.device(device).type)
     if rows is None:
         raise RuntimeError(f"llm42: the row-invariant verifier has no row shape for {device}")
-    entries, sampled = [], []  # (req, position, token); indices of the compared entries
-    for r, (row, req) in enumerate(zip(vpass.rows, reqs)):
-        if row.is_pad:
-            continue
-        for j in range(row.num_real):
-            if j >= row.sample_from:
-                sampled.append(((r, j), len(entries)))
-            entries.append((req, row.positions[j], row.input_ids[j]))
+    entries, sampled = pass_entries(vpass, reqs)
     picked = []
     graphed = False
     for start in range(0, len(entries), rows):
@@ -159,10 +152,30 @@ def launch_row_pass(
                                  time.perf_counter() - t0)
 
 
+def pass_entries(vpass: VerifyPass, reqs: list) -> tuple[list, list]:
+    """The pass's real entries in forward order, (request, position, token), row by row in
+    position order (an entry's predecessors of its request come before it), and, for each
+    compared entry, its ((row, entry), index into the entries)."""
+    entries, sampled = [], []
+    for r, (row, req) in enumerate(zip(vpass.rows, reqs)):
+        if row.is_pad:
+            continue
+        for j in range(row.num_real):
+            if j >= row.sample_from:
+                sampled.append(((r, j), len(entries)))
+            entries.append((req, row.positions[j], row.input_ids[j]))
+    return entries, sampled
+
+
+def pad_token(token: int) -> int:
+    """A planned padding entry's token as a forward's input (its id is not in the vocabulary)."""
+    return 0 if token == PAD_TOKEN_ID else token
+
+
 def _forward(scheduler, decode_batch, chunk: list, rows: int, device) -> tuple[torch.Tensor, bool]:
     """One decode forward of `rows` rows: the chunk's entries (request, position, token), then
     padding rows."""
-    tokens = [0 if t == PAD_TOKEN_ID else t for _, _, t in chunk] + [0] * (rows - len(chunk))
+    tokens = [pad_token(t) for _, _, t in chunk] + [0] * (rows - len(chunk))
     return forward_rows(scheduler, decode_batch, [req for req, _, _ in chunk],
                         [pos for _, pos, _ in chunk], rows,
                         verifier.to_device(tokens, torch.int64, device))

@@ -62,6 +62,12 @@ class Llm42Runtime:
         self.step_started: float | None = None  # when the running scheduler iteration began
         self.step_kind: str | None = None  # kind of the batch it launched (None: idle)
         self.mode_refusal: dict | None = None  # why the last benchmark-mode switch was refused
+        # --llm42-fold-passes (`fold_pass`): a round offered to the decode step being built,
+        # the round that rode in the last step (decided before the next is built), and whether
+        # the last offer missed its step (its jobs then run as a pass)
+        self.riders = None
+        self.folded = None
+        self.fold_missed = False
         self.metrics = None
         if getattr(scheduler, "enable_metrics", False):
             from llm42.sglang.metrics import Llm42Metrics

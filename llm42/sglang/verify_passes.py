@@ -55,14 +55,14 @@ def run_round(rt, scheduler, batch, reqs: list, overlap: bool = False) -> None:
                   else verifier.launch_pass)
         launched.append((plan, launch(scheduler, batch, plan.vpass, row_reqs)))
         if not overlap:  # one pass at a time
-            _sample_and_decide(rt, scheduler, batch, reqs, partial, *launched.pop())
+            sample_and_decide(rt, scheduler, batch, reqs, partial, *launched.pop())
     if overlap:
         in_flight.drain(scheduler)
         rt.stats.observe_overlapped_passes(len(launched))
         if runtime.TIMELINE is not None:
             runtime.TIMELINE.observe_overlap(len(launched))
         for item in launched:
-            _sample_and_decide(rt, scheduler, batch, reqs, partial, *item)
+            sample_and_decide(rt, scheduler, batch, reqs, partial, *item)
 
 
 def _after_step_in_flight(scheduler) -> None:
@@ -74,10 +74,11 @@ def _after_step_in_flight(scheduler) -> None:
         torch.cuda.current_stream().wait_stream(forward_stream)
 
 
-def _sample_and_decide(rt, scheduler, batch, reqs: list, partial: dict, plan: PassPlan,
+def sample_and_decide(rt, scheduler, batch, reqs: list, partial: dict, plan: PassPlan,
                        launched: verifier.LaunchedPass) -> None:
     """Sample a launched pass (waiting for it), count it, and decide the jobs it completes.
-    `partial`: the verifier tokens of jobs whose rows began in an earlier pass of the round."""
+    `partial`: the verifier tokens of jobs whose rows began in an earlier pass of the round.
+    Also decides the passes that rode in a decode step (`fold_pass`)."""
     vpass = launched.vpass
     results, seconds, graphed = launched.finish(scheduler)
     observe_pass_path(rt, graphed)
@@ -96,7 +97,9 @@ def _sample_and_decide(rt, scheduler, batch, reqs: list, partial: dict, plan: Pa
             partial[owner] = res
             continue
         req = reqs[owner]
-        if not req.finished():  # aborted while an overlapped pass ran: KV freed
+        # None: left the batch before a folded pass was decided (`fold_pass`); finished:
+        # aborted while an overlapped pass ran, KV freed
+        if req is not None and not req.finished():
             apply_result(rt, scheduler, batch, req, res)
 
 
