@@ -224,7 +224,9 @@ _SCHEDULING_FLAGS = {"--llm42-max-verify-wait": ("max_verify_wait", int),
                      "--no-llm42-inline-prefill": ("inline_prefill", None),
                      "--llm42-batched-prefill": ("batched_prefill", None),
                      "--no-llm42-batched-prefill": ("batched_prefill", None),
-                     "--llm42-defer-verify-on-prefill": ("defer_verify_on_prefill", None)}
+                     "--llm42-defer-verify-on-prefill": ("defer_verify_on_prefill", None),
+                     "--llm42-fold-passes": ("fold_passes", None),
+                     "--no-llm42-fold-passes": ("fold_passes", None)}
 
 
 def scheduling_mode(llm42_args: str | None) -> tuple[str, dict]:

@@ -96,6 +96,8 @@ def _scheduling_label(stats: dict, window: int | None) -> str:
         label += f" cap{stats['max_passes_per_step']}"
     if stats.get("defer_verify_on_prefill"):
         label += " defer-on-prefill"
+    if stats.get("fold_passes") is False:
+        label += " no-fold"
     if stats.get("overlap_verify"):
         label += " overlap-verify"
     if stats.get("fp32_logits"):

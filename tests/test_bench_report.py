@@ -68,11 +68,14 @@ def test_report_labels_tell_scheduling_variants_apart():
     stats = {"max_verify_wait": 16, "max_passes_per_step": 0, "defer_verify_on_prefill": False}
     labels = [variant_of({**base, "llm42_stats": {**stats, **change}}) for change in (
         {}, {"max_passes_per_step": 1}, {"max_passes_per_step": 1, "defer_verify_on_prefill": True},
-        {"max_verify_wait": 48}, {"overlap_verify": True})]
+        {"max_verify_wait": 48}, {"overlap_verify": True}, {"fold_passes": False},
+        {"fold_passes": True})]
     assert labels == ["llm42 W64 B8 batched-prefill", "llm42 W64 B8 batched-prefill cap1",
                       "llm42 W64 B8 batched-prefill cap1 defer-on-prefill",
                       "llm42 W64 B8 batched-prefill wait48",
-                      "llm42 W64 B8 batched-prefill overlap-verify"]
+                      "llm42 W64 B8 batched-prefill overlap-verify",
+                      "llm42 W64 B8 batched-prefill no-fold",
+                      "llm42 W64 B8 batched-prefill"]
     assert variant_of({**base, "llm42_stats": None}) == labels[0]  # rows of older runs
     # the verifier and inline verification's pad ratio, where not the defaults (row-invariant's
     # own verify wait is 0); a run that never completed shows the flags it was to run with
