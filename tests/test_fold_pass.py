@@ -147,3 +147,25 @@ def test_a_planned_step_with_riders_that_ran_otherwise_is_a_miss():
     finally:
         runtime.RUNTIME = saved
     assert rt.fold_missed and rt.stats.fold_missed == 1 and rt.folded is None
+
+
+def test_a_folded_round_is_decided_after_its_steps_result_for_the_requests_still_there(
+        monkeypatch):
+    """The next verify_due drains the step in flight first (its result may append candidates
+    and the decision may roll them back), then decides each job whose request is still in the
+    batch; a round whose requests all left is dropped unsampled."""
+    from llm42.sglang import hooks_verify, in_flight, verify_passes
+
+    rt, req, gone = _rt(), _windowed(), _windowed("g")
+    order = []
+    monkeypatch.setattr(in_flight, "in_flight", lambda scheduler: not order)
+    monkeypatch.setattr(in_flight, "drain", lambda scheduler: order.append("drain"))
+    monkeypatch.setattr(verify_passes, "sample_and_decide",
+                        lambda rt, s, b, reqs, partial, plan, launched: order.append(list(reqs)))
+    rt.folded = fold_pass.Riders([req, gone], ["plan"], [], [[]], ["launched"])
+    assert hooks_verify.decide_folded(rt, None, _decode([req], [PROMPT + W + 1])) == [req]
+    assert order == ["drain", [req, None]] and rt.folded is None
+    order.clear()
+    rt.folded = fold_pass.Riders([gone], ["plan"], [], [[]], ["launched"])
+    assert hooks_verify.decide_folded(rt, None, _decode([req], [PROMPT + W + 1])) == []
+    assert order == ["drain"], "nothing left to decide: not sampled"

@@ -167,6 +167,8 @@ def decide_folded(rt, scheduler, batch) -> list:
         in_flight.drain(scheduler)
     present = {id(r) for r in batch.reqs}
     reqs = [r if id(r) in present else None for r in riders.reqs]  # gone: nothing to decide
+    if all(r is None for r in reqs):
+        return []
     partial: dict = {}
     for plan, launched in zip(riders.plans, riders.launched):
         verify_passes.sample_and_decide(rt, scheduler, batch, reqs, partial, plan, launched)
