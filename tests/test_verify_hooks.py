@@ -205,6 +205,31 @@ def test_a_lone_full_window_waits_for_a_mate_then_runs_when_its_wait_is_up(rt, r
     assert full.state.ready_since_step is None and full.state.num_verified_tokens == 5
 
 
+def test_folded_passes_hold_a_round_while_a_prefill_comes(rt, rounds):
+    """With folded passes a due round is offered to the next decode step instead of run; while
+    a prefill comes it waits (no pass in the prefill's gap) until overdue, then runs as a pass.
+    Without them, it runs at once."""
+    rt.config = Llm42Config(window_size=W, verifier="row-invariant")  # max verify wait 0
+    rt.inline_verify, rt.row_pass_rows = True, 16
+    a = Req("a", [4] * 5, 1)
+    rt.scheduler.waiting_queue = ["a prompt"]
+    hooks_verify.verify_due(rt, rt.scheduler, _batch(a))
+    assert rounds == [] and rt.riders is None, "held while the prefill comes"
+    rt.scheduler.waiting_queue = []
+    hooks_verify.verify_due(rt, rt.scheduler, _batch(a))
+    assert rounds == [] and rt.riders.reqs == [a], "offered to the decode step after it"
+    rt.riders = None
+    rt.scheduler.waiting_queue = ["another"]
+    rt.decode_step += 1  # overdue: a pass, prefill or not
+    hooks_verify.verify_due(rt, rt.scheduler, _batch(a))
+    assert rounds == [(["a"], False)] and rt.riders is None
+    b = Req("b", [4] * 5, 1)
+    rt.config = replace(rt.config, fold_passes=False)
+    rt.scheduler.waiting_queue = []
+    hooks_verify.verify_due(rt, rt.scheduler, _batch(b))
+    assert rounds[1:] == [(["b"], False)], "passes apart: at once"
+
+
 def test_a_full_pass_and_a_finish_run_at_once(rt, rounds):
     """--llm42-max-finish-wait 0: a window a finish waits on is verified the step it is seen;
     by default (W // 4, 1 step here) it waits that long for a shared pass."""

@@ -186,9 +186,10 @@ class Llm42Config:
         "in the padding of the next decode step that has room for them (N + entries <= R "
         "rows; that step then runs as the R-row row-invariant forward), instead of a forward "
         "of their own that stalls the whole batch; decided before the step after it is built, "
-        "as a pass is. A due job that finds no such step (a prefill comes, too many rows) runs "
-        "as a pass at the next step. --no-llm42-fold-passes runs every pass apart. Outputs are "
-        "the same either way.")
+        "as a pass is. While a prefill comes, due jobs wait for the decode step after it "
+        "(as --llm42-defer-verify-on-prefill holds passes); one that finds no such step (too "
+        "many rows, overdue) runs as a pass. --no-llm42-fold-passes runs every pass apart. "
+        "Outputs are the same either way.")
     benchmark_modes: bool = _setting(
         False, "--llm42-benchmark-modes",
         "Benchmarking only: accept POST /llm42_benchmark_mode {\"skip_compare\": bool, "

@@ -112,7 +112,9 @@ def verify_due(rt, scheduler, batch) -> None:
     cfg = rt.config
     touched = decide_folded(rt, scheduler, batch)
     coming = _prefill_coming(scheduler, batch)
-    hold = cfg.defer_verify_on_prefill and coming
+    # folded passes: a round due while a prefill comes waits for the decode step after it to
+    # ride in, instead of a pass lengthening the prefill's gap (overdue ones run as passes)
+    hold = (cfg.defer_verify_on_prefill or fold_pass.active(rt)) and coming
     drained = False
     capped = cfg.max_passes_per_step or cfg.max_pass_rows_per_step is not None
     while not (touched and capped):  # under a pass or row cap: one round per step
