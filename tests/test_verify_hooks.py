@@ -5,7 +5,6 @@ decision is applied to a request (`verify_passes.apply_result`) and how finishes
 from __future__ import annotations
 
 from dataclasses import replace
-
 from types import SimpleNamespace
 
 import pytest
