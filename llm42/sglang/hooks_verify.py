@@ -171,6 +171,7 @@ def decide_folded(rt, scheduler, batch) -> list:
     reqs = [r if id(r) in present else None for r in riders.reqs]  # gone: nothing to decide
     if all(r is None for r in reqs):
         return []
+    verify_passes.after_forward_stream(scheduler)  # its logits came from the forward stream
     partial: dict = {}
     for plan, launched in zip(riders.plans, riders.launched):
         verify_passes.sample_and_decide(rt, scheduler, batch, reqs, partial, plan, launched)

@@ -43,7 +43,7 @@ def run_round(rt, scheduler, batch, reqs: list, overlap: bool = False) -> None:
         jobs.append(job_rows(state, req.origin_input_ids, req.output_ids))
     launched, partial = [], {}
     if overlap:
-        _after_step_in_flight(scheduler)
+        after_forward_stream(scheduler)
     rows_per_pass = cfg.verify_batch_size
     if cfg.verifier == ROW_INVARIANT:
         # B is no numeric of a row-invariant pass: the round's rows form one pass, whose
@@ -65,9 +65,10 @@ def run_round(rt, scheduler, batch, reqs: list, overlap: bool = False) -> None:
             sample_and_decide(rt, scheduler, batch, reqs, partial, *item)
 
 
-def _after_step_in_flight(scheduler) -> None:
-    """Order the passes after the decode step in flight on the GPU, without waiting for it on
-    the host: it runs on SGLang's forward stream, the passes on the schedule stream."""
+def after_forward_stream(scheduler) -> None:
+    """Order what the schedule stream queues next (passes, the sampling of a folded pass's
+    logits) after the forward stream's work (the decode step in flight, the step a pass rode
+    in), without waiting for it on the host."""
     forward_stream = getattr(scheduler, "forward_stream", None)
     if forward_stream is not None and torch.cuda.is_available() and str(
             getattr(scheduler, "device", "")).startswith("cuda"):
