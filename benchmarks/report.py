@@ -142,10 +142,14 @@ def _accept_length(row: dict) -> str:
 
 
 def _passes(row: dict) -> str:
-    """Verification passes, and how many replayed a CUDA graph where the server counted them."""
-    graphed = (row.get("llm42_stats") or {}).get("graphed_passes")
+    """Verification passes, and how many replayed a CUDA graph and how many rode in a decode
+    step (`--llm42-fold-passes`) where the server counted them."""
+    stats = row.get("llm42_stats") or {}
+    graphed, folded = stats.get("graphed_passes"), stats.get("folded_passes")
     passes = row.get("verify_passes")
-    return f"{passes} ({graphed} graphed)" if graphed is not None and passes else _fmt(passes)
+    if graphed is None or not passes:
+        return _fmt(passes)
+    return f"{passes} ({graphed} graphed{f', {folded} folded' if folded else ''})"
 
 
 def markdown_table(rows: list[dict]) -> str:

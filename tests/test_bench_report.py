@@ -95,9 +95,10 @@ def test_online_table_compares_normal_latency_with_nondet_at_the_same_rate(tmp_p
                           normal_ttft_p99_ms=2 * itl99, **kw)
     llm42 = {"window_size": 64, "verify_batch_size": 8, "verify_passes": 12,
              "llm42_stats": {"graphed_passes": 12}}
+    folded = {**llm42, "llm42_stats": {"graphed_passes": 12, "folded_passes": 9}}
     rows = [online("nondet", 16, 50.0, normal_itl_p99_ci_ms=[45.0, 56.5]),
             online("llm42", 16, 55.0, **llm42),
-            online("nondet", 24, 100.0), online("llm42", 24, 250.0, **llm42),
+            online("nondet", 24, 100.0), online("llm42", 24, 250.0, **folded),
             result_row("nondet", 0.0, 100.0)]  # rate inf: not an online run
     jsonl = tmp_path / "results.jsonl"
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -109,6 +110,7 @@ def test_online_table_compares_normal_latency_with_nondet_at_the_same_rate(tmp_p
     assert "| 55.0 | 1.100x |" in by_key[("sharegpt n=6 rate=16", "llm42 W64 B8")]
     assert "| 250.0 | 2.500x |" in by_key[("sharegpt n=6 rate=24", "llm42 W64 B8")]
     assert "| 12 (12 graphed) |" in (tmp_path / "table.md").read_text()
+    assert "| 12 (12 graphed, 9 folded) |" in (tmp_path / "table.md").read_text()
     assert "| 50.0 [45.0, 56.5] | 1.000x |" in by_key[("sharegpt n=6 rate=16", "nondet")]
     png = tmp_path / "latency_vs_rate.png"
     assert png in written and png.read_bytes()[:4] == b"\x89PNG"
