@@ -22,7 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-CLASSES = ("decode", "prefill", "verify", "prefill+verify")
+# "folded": the gap held the decision of a pass that rode in the decode step before it
+# (`--llm42-fold-passes`): that step ran at the row pass's rows, no pass forward of its own
+CLASSES = ("decode", "prefill", "verify", "prefill+verify", "folded")
 PREFILL_KINDS = ("prefill", "det_prefill")
 
 
@@ -57,11 +59,13 @@ def decode_gaps(records: list[dict]) -> list[dict]:
         verify_s = sum(r.get("verify_s", 0.0) for r in inside)
         passes = sum(r.get("passes", 0) for r in inside)
         overlapped = sum(r.get("overlapped", 0) for r in inside)
+        folded = sum(r.get("folded", 0) for r in inside)
         cls = "prefill+verify" if prefill and passes else (
-            "prefill" if prefill else "verify" if passes else "decode")
+            "prefill" if prefill else "verify" if passes else "folded" if folded else "decode")
         gap_s = launch_time(records[b]) - launch_time(records[a])
         gaps.append({"t": records[a]["t"], "gap_s": gap_s, "verify_s": verify_s,
-                     "passes": passes, "overlapped": overlapped, "class": cls})
+                     "passes": passes, "folded": folded, "overlapped": overlapped,
+                     "class": cls})
     return gaps
 
 
@@ -134,6 +138,8 @@ def summarize(records: list[dict], tail_s: float | None = None) -> dict:
                            "mean_ms": round(v["seconds"] / v["iterations"] * 1000, 2)}
                        for k, v in sorted(kinds.items())},
         "verify_passes": passes,
+        "folded_passes": sum(r.get("folded", 0) for r in records),
+        "folded_rows": sum(r.get("folded_rows", 0) for r in records),
         "verify_s": round(verify_s, 3),
         "verify_pass_mean_ms": round(verify_s / passes * 1000, 2) if passes else None,
         "verify_share_of_span": round(verify_s / span, 4) if span else None,
@@ -157,7 +163,9 @@ def markdown(summaries: dict[str, dict]) -> str:
                 (f"span {s['span_s']} s, {s['decode_gaps']} decode gaps: p50 / p90 / p99 "
                  f"{_fmt(s['gap_p50_ms'])} / {_fmt(s['gap_p90_ms'])} / {_fmt(s['gap_p99_ms'])} ms "
                  f"(p99 without the passes' time: {_fmt(s['gap_minus_verify_p99_ms'])} ms); "
-                 f"{s['verify_passes']} verification passes, {s['verify_s']} s "
+                 f"{s['verify_passes']} verification passes and "
+                 f"{s.get('folded_passes', 0)} folded into decode steps "
+                 f"({s.get('folded_rows', 0)} rows), {s['verify_s']} s "
                  f"({_fmt(s['verify_pass_mean_ms'])} ms each, "
                  f"{_fmt(s['verify_share_of_span'])} of the span), "
                  f"{s['drained_iterations']} early result drains; running up to "

@@ -161,7 +161,8 @@ def test_a_folded_round_is_decided_after_its_steps_result_for_the_requests_still
     monkeypatch.setattr(in_flight, "in_flight", lambda scheduler: not order)
     monkeypatch.setattr(in_flight, "drain", lambda scheduler: order.append("drain"))
     monkeypatch.setattr(verify_passes, "sample_and_decide",
-                        lambda rt, s, b, reqs, partial, plan, launched: order.append(list(reqs)))
+                        lambda rt, s, b, reqs, partial, plan, launched, folded: order.append(
+                            list(reqs) if folded else "not folded"))
     rt.folded = fold_pass.Riders([req, gone], ["plan"], [], [[]], ["launched"])
     assert hooks_verify.decide_folded(rt, None, _decode([req], [PROMPT + W + 1])) == [req]
     assert order == ["drain", [req, None]] and rt.folded is None

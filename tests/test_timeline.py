@@ -112,11 +112,41 @@ def test_tail_says_what_the_slow_gaps_held():
     ]
     t = tail(decode_gaps(records), 0.030)
     assert t["threshold_ms"] == 30.0 and t["gaps"] == 3
-    assert t["by_class"] == {"decode": 0, "prefill": 1, "verify": 2, "prefill+verify": 0}
+    assert t["by_class"] == {"decode": 0, "prefill": 1, "verify": 2, "prefill+verify": 0,
+                             "folded": 0}
     assert (t["several_passes"], t["one_pass_alone"]) == (1, 1)
     assert tail(decode_gaps(records))["gaps"] == 1  # default: the gaps' own p99, the 50 ms one
     s = summarize(records, 0.045)
     assert s["several_pass_gaps"] == 1 and s["tail"]["by_class"]["verify"] == 1
+
+
+def test_a_folded_pass_is_recorded_apart_and_classes_its_gap(tmp_path):
+    """A decode step launched with a folded pass's rows, then the decision at the next
+    iteration's top: the gap after that step holds the decision (class folded), whose sampling
+    time is kept apart from the passes' (`folded_s`), and no pass forward is counted."""
+    clock = Clock()
+    tl = StepTimeline(tmp_path / "t.jsonl", clock=clock)
+    _iteration(tl, clock, 0.000, "decode")
+    clock.now = 100.010
+    tl.begin(clock.now)
+    tl.observe_fold(65)
+    tl.launched("decode", reqs=4, tokens=4, running=4, queued=0)
+    clock.now = 100.025
+    tl.begin(clock.now)
+    clock.now += 0.001
+    tl.observe_pass(1, 0, 0.001, folded=True)
+    tl.launched("decode", reqs=4, tokens=4, running=4, queued=0)
+    _iteration(tl, clock, 0.035, "decode")
+    tl.close()
+    records = load_segments(tmp_path / "t.jsonl")[0]
+    assert records[1]["folded_rows"] == 65 and records[2]["folded"] == 1
+    assert records[2]["passes"] == 0 and records[2]["verify_s"] == 0.0
+    assert records[2]["folded_s"] == pytest.approx(0.001)
+    gaps = decode_gaps(records)
+    assert [g["class"] for g in gaps] == ["decode", "folded", "decode"]
+    s = summarize(records)
+    assert (s["verify_passes"], s["folded_passes"], s["folded_rows"]) == (0, 1, 65)
+    assert "0 verification passes and 1 folded into decode steps (65 rows)" in markdown({"x": s})
 
 
 def test_lone_pass_gaps_split_by_when_the_in_flight_result_was_processed():

@@ -38,14 +38,26 @@ class StepTimeline:
         now = self._clock() if now is None else now
         self._close(now)
         self._open = {"t": round(now - self._t0, 6), "kind": None, "passes": 0, "rows": 0,
-                      "prompt_rows": 0, "verify_s": 0.0, "drained": False, "overlapped": 0}
+                      "prompt_rows": 0, "verify_s": 0.0, "drained": False, "overlapped": 0,
+                      "folded": 0, "folded_s": 0.0, "folded_rows": 0}
 
-    def observe_pass(self, num_real_rows: int, num_prompt_rows: int, seconds: float) -> None:
+    def observe_pass(self, num_real_rows: int, num_prompt_rows: int, seconds: float,
+                     folded: bool = False) -> None:
+        """`folded`: the decision of a pass that rode in the previous decode step
+        (`--llm42-fold-passes`): its forward was that step's, only its sampling ran here
+        (`folded_s`, apart from the passes' `verify_s`)."""
+        rec = self._open
+        if rec is not None:
+            rec["folded" if folded else "passes"] += 1
+            rec["rows"] += num_real_rows
+            rec["prompt_rows"] += num_prompt_rows
+            key = "folded_s" if folded else "verify_s"
+            rec[key] = round(rec[key] + seconds, 6)
+
+    def observe_fold(self, num_rows: int) -> None:
+        """The batch this iteration launches carries `num_rows` rows of a folded pass."""
         if self._open is not None:
-            self._open["passes"] += 1
-            self._open["rows"] += num_real_rows
-            self._open["prompt_rows"] += num_prompt_rows
-            self._open["verify_s"] = round(self._open["verify_s"] + seconds, 6)
+            self._open["folded_rows"] += num_rows
 
     def observe_drain(self) -> None:
         """The overlap loop's in-flight result was processed early, before a pass."""
@@ -63,7 +75,7 @@ class StepTimeline:
         rec = self._open
         if rec is None:
             return
-        if kind is None and rec["passes"] == 0:
+        if kind is None and rec["passes"] == 0 and rec["folded"] == 0:
             self._open = None  # idle polling: not worth a line (and far too many of them)
             self.flush()
             return

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from llm42.core.verify_round import PassPlan, job_rows, plan_round, range_is_fixed
-from llm42.sglang import row_pass, verifier
+from llm42.sglang import row_pass, runtime, verifier
 from llm42.sglang.request_state import det_state
 
 
@@ -103,6 +103,8 @@ def attach(rt, batch) -> Riders | None:
     if not fits:
         missed(rt)
         return None
+    if runtime.TIMELINE is not None:
+        runtime.TIMELINE.observe_fold(len(riders.entries))
     return riders
 
 

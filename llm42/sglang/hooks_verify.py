@@ -174,7 +174,8 @@ def decide_folded(rt, scheduler, batch) -> list:
     verify_passes.after_forward_stream(scheduler)  # its logits came from the forward stream
     partial: dict = {}
     for plan, launched in zip(riders.plans, riders.launched):
-        verify_passes.sample_and_decide(rt, scheduler, batch, reqs, partial, plan, launched)
+        verify_passes.sample_and_decide(rt, scheduler, batch, reqs, partial, plan, launched,
+                                        folded=True)
     return [r for r in reqs if r is not None]
 
 

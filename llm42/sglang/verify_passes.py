@@ -76,10 +76,10 @@ def after_forward_stream(scheduler) -> None:
 
 
 def sample_and_decide(rt, scheduler, batch, reqs: list, partial: dict, plan: PassPlan,
-                       launched: verifier.LaunchedPass) -> None:
+                      launched: verifier.LaunchedPass, folded: bool = False) -> None:
     """Sample a launched pass (waiting for it), count it, and decide the jobs it completes.
     `partial`: the verifier tokens of jobs whose rows began in an earlier pass of the round.
-    Also decides the passes that rode in a decode step (`fold_pass`)."""
+    `folded`: a pass that rode in a decode step (`fold_pass`), its forward already run."""
     vpass = launched.vpass
     results, seconds, graphed = launched.finish(scheduler)
     observe_pass_path(rt, graphed)
@@ -90,7 +90,8 @@ def sample_and_decide(rt, scheduler, batch, reqs: list, partial: dict, plan: Pas
     if rt.metrics is not None:
         rt.metrics.observe_pass(vpass.num_real_rows, num_pad_rows, seconds)
     if runtime.TIMELINE is not None:
-        runtime.TIMELINE.observe_pass(vpass.num_real_rows, vpass.num_prompt_rows, seconds)
+        runtime.TIMELINE.observe_pass(vpass.num_real_rows, vpass.num_prompt_rows, seconds,
+                                      folded)
     for owner, decides, res in zip(plan.owners, plan.decides, results):
         if owner in partial:
             res = partial.pop(owner).join(res)
