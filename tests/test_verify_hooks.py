@@ -11,7 +11,7 @@ import pytest
 
 from llm42.core import DetRequestState, Llm42Config, Llm42Stats, MismatchInjector, decide
 from llm42.core.rank_ledger import DecisionLedger
-from llm42.sglang import hooks_lifecycle, hooks_verify, in_flight, runtime, verify_passes
+from llm42.sglang import det_rows, hooks_lifecycle, hooks_verify, in_flight, runtime, verify_passes
 from llm42.sglang.request_state import attach
 from llm42.sglang.verifier import RowResult
 
@@ -326,6 +326,15 @@ def test_only_deterministic_requests_with_penalties_or_processors_need_fed_outpu
     assert not in_flight.needs_fed_outputs([plain, normal_penalty, bare])
     assert in_flight.needs_fed_outputs([normal_penalty, req(True, penalty=0.5)])
     assert in_flight.needs_fed_outputs([req(True, processor="p"), plain])
+    # the batch's per-row flags (the Sampler's, aligned with its requests) are read instead of
+    # the requests where they have the batch's length; another length: the requests are read
+    penalized = req(True, penalty=0.5)
+    assert deterministic([normal_penalty, plain, bare], [False, False, True]) == [bare]
+    assert deterministic([normal_penalty, plain, bare], [True]) == [plain]
+    assert not in_flight.needs_fed_outputs([penalized, plain], [False, True])
+    assert in_flight.needs_fed_outputs([penalized, plain], [True, True])
+    batch = SimpleNamespace(reqs=[plain], sampling_info=SimpleNamespace(llm42_det_rows=[True]))
+    assert det_rows.of_batch(batch) == [True] and det_rows.of_batch(_batch(plain)) is None
 
 
 def test_finish_hook_is_bound_on_deterministic_requests_only(monkeypatch):

@@ -22,6 +22,12 @@ def mark(info, flags: list[bool]) -> None:
     setattr(info, ATTR, list(flags))
 
 
+def of_batch(batch) -> list[bool] | None:
+    """The flags of a ScheduleBatch's sampling info, None where it has none (they are aligned
+    with `batch.reqs` whenever they exist: SGLang filters and merges both together)."""
+    return getattr(getattr(batch, "sampling_info", None), ATTR, None)
+
+
 def of(info) -> list[bool]:
     """One flag per row of `info`."""
     flags = getattr(info, ATTR, None)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from llm42.core.verify_round import cap_jobs, due_jobs, range_is_fixed
-from llm42.sglang import fold_pass, in_flight, inline_verify, runtime, verify_passes
+from llm42.sglang import det_rows, fold_pass, in_flight, inline_verify, runtime, verify_passes
 from llm42.sglang.request_state import det_state, deterministic, of
 
 
@@ -60,8 +60,11 @@ def next_batch_hook(original, scheduler, running_batch, last_batch):
     if rt is not None:
         if rt.step_kind is not None:
             rt.stats.observe_step(rt.step_kind, now - rt.step_started)
-        if in_flight.in_flight(scheduler) and in_flight.needs_fed_outputs(
-                [r for b in (running_batch, last_batch) if b is not None for r in b.reqs]):
+        batches = [b for b in (running_batch, last_batch) if b is not None]
+        if len(batches) == 2 and batches[0] is batches[1]:
+            batches.pop()
+        if in_flight.in_flight(scheduler) and any(
+                in_flight.needs_fed_outputs(b.reqs, det_rows.of_batch(b)) for b in batches):
             in_flight.drain(scheduler)  # penalizers must see every token before the next step
         if running_batch is not None and running_batch.reqs:
             verify_due(rt, scheduler, running_batch)
@@ -118,7 +121,8 @@ def verify_due(rt, scheduler, batch) -> None:
     drained = False
     capped = cfg.max_passes_per_step or cfg.max_pass_rows_per_step is not None
     while not (touched and capped):  # under a pass or row cap: one round per step
-        num_running, det_reqs = len(batch.reqs), deterministic(batch.reqs)
+        num_running, det_reqs = len(batch.reqs), deterministic(batch.reqs,
+                                                               det_rows.of_batch(batch))
         if not det_reqs:
             break
         num_det, rolled_back = (inline_verify.chained_rows(det_reqs)

@@ -47,7 +47,7 @@ def drain(scheduler) -> None:
         runtime.TIMELINE.observe_drain()
 
 
-def needs_fed_outputs(reqs) -> bool:
+def needs_fed_outputs(reqs, flags=None) -> bool:
     """Overlap loop: must the in-flight result be processed before the next batch is built?
 
     `prepare_for_decode` feeds the penalizers each request's last *processed* output token. With
@@ -63,4 +63,4 @@ def needs_fed_outputs(reqs) -> bool:
     from llm42.sglang.request_state import deterministic
 
     return any(verify_logits.uses_penalties(r.sampling_params)
-               or getattr(r, "custom_logit_processor", None) for r in deterministic(reqs))
+               or getattr(r, "custom_logit_processor", None) for r in deterministic(reqs, flags))

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from llm42.sglang import (
+    det_rows,
     fold_pass,
     fp32_logits,
     inline_prefill,
@@ -124,17 +125,17 @@ def plan_step(rt, batch) -> None:
         return
     if not batch.forward_mode.is_decode():
         return
-    det_rows = deterministic_rows(batch.reqs)
-    if not det_rows:
+    det_index = deterministic_rows(batch.reqs, det_rows.of_batch(batch))
+    if not det_index:
         return
-    num_det, rolled_back = chained_rows([batch.reqs[i] for i in det_rows])
+    num_det, rolled_back = chained_rows([batch.reqs[i] for i in det_index])
     # a step carrying riders runs at R rows anyway: its padding costs nothing more
     inline = riders is not None or worth_inline(rt, len(batch.reqs), num_det, rolled_back)
     if num_det and not inline:
         rt.stats.observe_inline_declined()
     seq_lens = batch.seq_lens_cpu.tolist()  # a row's input token sits at its length - 1
     eligible = []
-    for i in det_rows:
+    for i in det_index:
         req, p = batch.reqs[i], seq_lens[i] - 1
         fields = of(req)
         if fields.exact_kv is None:
