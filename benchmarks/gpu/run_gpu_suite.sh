@@ -13,9 +13,11 @@
 #   proof-row-invariant        the proof with --llm42-verifier row-invariant (triton) at W 16
 #                              B 32, every decode step of at most R rows inline
 #                              (--llm42-inline-pad-ratio 1e9) and prompts' rows inline with their
-#                              prefill, then on a second server at W 64 B 4 without inline
-#                              verification (--no-llm42-inline-verify: passes verify every prompt
-#                              and token) whose every trial must also equal the first server's
+#                              prefill, then on a second server at W 64 B 4 verifying as
+#                              $PROOF_SECOND_VERIFY says (default --no-llm42-inline-verify: passes
+#                              verify every prompt and token; "--llm42-inline-pad-ratio 0": inline
+#                              on, only full steps inline, so due windows ride in decode steps,
+#                              --llm42-fold-passes) whose every trial must also equal the first server's
 #                              outputs bitwise (--reference); features
 #                              without lora; the prefix cache follows the radix cache: off on
 #                              the first server (the default COMMON_ARGS), on on the second
@@ -219,6 +221,7 @@ PROOF_FEATURES=${PROOF_FEATURES-n2,penalty,json,lora}
 PROOF_LORA_BACKEND=${PROOF_LORA_BACKEND:-csgmv}
 PROOF_MODE=${PROOF_MODE:-both}
 PROOF_REFERENCE=${PROOF_REFERENCE:-}
+PROOF_SECOND_VERIFY=${PROOF_SECOND_VERIFY:---no-llm42-inline-verify}
 PROOF_SPEC_RUNS=${PROOF_SPEC_RUNS:-none,ngram,standalone,eagle}
 PROOF_SPEC_FEATURES=${PROOF_SPEC_FEATURES-n2,penalty,json}
 SPEC_ARGS=${SPEC_ARGS:-"--speculative-algorithm NGRAM --speculative-num-draft-tokens 4"}
@@ -520,7 +523,7 @@ run_step() {
       # the radix cache on (the prefix cache follows it): a hit must give a miss's bits
       step=$top/w64-b4 WINDOW=64 VERIFY_BS=4 PROOF_FEATURES=n2,penalty,json \
         COMMON_ARGS="${COMMON_ARGS//--disable-radix-cache/}" \
-        PROOF_LLM42_ARGS="$PROOF_LLM42_ARGS $row --no-llm42-inline-verify" \
+        PROOF_LLM42_ARGS="$PROOF_LLM42_ARGS $row $PROOF_SECOND_VERIFY" \
         PROOF_REFERENCE="$RUN_DIR/$top/w16-b32/proof.json" proof_step "$MODEL_1B" model_1b ;;
     proof-smollm2) proof_step "$MODEL_SMOL" model_smollm2 ;;
     proof-spec) proof_spec ;;
