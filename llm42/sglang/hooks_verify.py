@@ -5,7 +5,9 @@ Overlap loop: SGLang launches batch N+1 before it processes the result of batch 
 found while processing N would come too late for N+1, already built from the old tokens. Hence
 verification runs at the top of `get_next_batch_to_run`: when a pass is due, the result still in
 flight is processed first (`in_flight.drain`), so the pass, the rollback and the next batch all
-see one consistent state; iterations with nothing to verify keep the overlap.
+see one consistent state; iterations with nothing to verify keep the overlap. With folded
+passes (`fold_pass`) a due round rides in the batch built here instead, and is decided at the
+next iteration's top (`decide_folded`), after that batch's result is processed.
 """
 
 from __future__ import annotations
