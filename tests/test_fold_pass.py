@@ -9,6 +9,7 @@ import pytest
 import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
+from llm42.core.config import Llm42Config
 from llm42.core.stats import Llm42Stats
 from llm42.core.window import DetRequestState
 from llm42.sglang import fold_pass, inline_verify
@@ -23,9 +24,9 @@ def _rt(fold: bool = True, pad_ratio: float = 0.0):
     """Pad ratio 0: no step short of R rows is inline by itself."""
     return SimpleNamespace(inline_verify=True, row_pass_rows=ROWS, stats=Llm42Stats(),
                            riders=None, folded=None, fold_missed=False,
-                           config=SimpleNamespace(fold_passes=fold, window_size=W,
-                                                  inline_pad_ratio=pad_ratio,
-                                                  inline_prefill=True))
+                           config=Llm42Config(fold_passes=fold, window_size=W,
+                                              verifier="row-invariant",
+                                              inline_pad_ratio=pad_ratio))
 
 
 def _windowed(rid: str = "r"):

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from llm42.core.config import Llm42Config
+from llm42.core.config import ROW_INVARIANT, Llm42Config
 from llm42.core.decision import VerifyDecision, decide
 from llm42.core.injection import MismatchInjector
 from llm42.core.planner import (
@@ -95,6 +95,11 @@ class PassPlan:
     owners: tuple[int, ...]  # [num_real_rows] job indices
     decides: tuple[bool, ...]  # [num_real_rows]
 
+    def row_owners(self, jobs: Sequence) -> list:
+        """The owner of each of the pass's rows, from one item per job (e.g. its request);
+        None for the pass's dummy rows."""
+        return [jobs[j] for j in self.owners] + [None] * self.vpass.num_pad_rows
+
 
 def plan_round(jobs: Sequence[Sequence[VerifyRow]], batch_size: int,
                window_size: int) -> list[PassPlan]:
@@ -109,6 +114,16 @@ def plan_round(jobs: Sequence[Sequence[VerifyRow]], batch_size: int,
         plans.append(PassPlan(vpass, tuple(owners[start:end]), tuple(decides[start:end])))
         start = end
     return plans
+
+
+def round_plans(jobs: Sequence[Sequence[VerifyRow]], config: Llm42Config) -> list[PassPlan]:
+    """`plan_round` with the config's pass size: B rows, or under the row-invariant verifier
+    (where B is no numeric) the round's rows in one pass, whose entries fill R-row forwards
+    across jobs instead of each B rows starting a new one."""
+    rows_per_pass = config.verify_batch_size
+    if config.verifier == ROW_INVARIANT:
+        rows_per_pass = max(1, sum(len(rows) for rows in jobs))
+    return plan_round(jobs, rows_per_pass, config.window_size)
 
 
 def decide_job(state: DetRequestState, output_ids: Sequence[int], verifier_ids: Sequence[int],

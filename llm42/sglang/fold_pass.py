@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from llm42.core.verify_round import PassPlan, job_rows, plan_round, range_is_fixed
+from llm42.core.verify_round import PassPlan, job_rows, range_is_fixed, round_plans
 from llm42.sglang import row_pass, runtime, verifier
 from llm42.sglang.request_state import det_state
 
@@ -68,11 +68,10 @@ def offer(rt, batch, reqs: list, prefill_coming: bool) -> bool:
     if not active(rt) or prefill_coming or not all(range_is_fixed(det_state(r)) for r in reqs):
         return False
     jobs = [job_rows(det_state(r), r.origin_input_ids, r.output_ids) for r in reqs]
-    plans = plan_round(jobs, max(1, sum(len(rows) for rows in jobs)), rt.config.window_size)
+    plans = round_plans(jobs, rt.config)
     entries, sampled = [], []
     for plan in plans:
-        row_reqs = [reqs[j] for j in plan.owners] + [None] * plan.vpass.num_pad_rows
-        mine, keys = row_pass.pass_entries(plan.vpass, row_reqs)
+        mine, keys = row_pass.pass_entries(plan.vpass, plan.row_owners(reqs))
         sampled.append([(key, len(entries) + i) for key, i in keys])
         entries += mine
     if len(batch.reqs) + len(entries) > rt.row_pass_rows:
@@ -125,9 +124,9 @@ def keep(rt, riders: Riders, logits: torch.Tensor, first: int, graphed: bool,
             index = verifier.to_device([first + i for _, i in sampled], torch.int64,
                                        logits.device)
             logits_of = logits.index_select(0, index).float()
-        row_reqs = [riders.reqs[j] for j in plan.owners] + [None] * plan.vpass.num_pad_rows
         riders.launched.append(verifier.LaunchedPass(
-            plan.vpass, row_reqs, [key for key, _ in sampled], logits_of, graphed, seconds))
+            plan.vpass, plan.row_owners(riders.reqs), [key for key, _ in sampled], logits_of,
+            graphed, seconds))
     for req in riders.reqs:
         state = det_state(req)
         if state.is_prompt_pending:

@@ -10,7 +10,7 @@ import torch
 
 from llm42.core.config import ROW_INVARIANT
 from llm42.core.stats import sampling_kind
-from llm42.core.verify_round import PassPlan, decide_job, job_rows, plan_round, settle
+from llm42.core.verify_round import PassPlan, decide_job, job_rows, round_plans, settle
 from llm42.sglang import (
     in_flight,
     inline_verify,
@@ -44,16 +44,10 @@ def run_round(rt, scheduler, batch, reqs: list, overlap: bool = False) -> None:
     launched, partial = [], {}
     if overlap:
         after_forward_stream(scheduler)
-    rows_per_pass = cfg.verify_batch_size
-    if cfg.verifier == ROW_INVARIANT:
-        # B is no numeric of a row-invariant pass: the round's rows form one pass, whose
-        # entries fill R-row forwards across jobs instead of each B rows starting a new one
-        rows_per_pass = max(1, sum(len(rows) for rows in jobs))
-    for plan in plan_round(jobs, rows_per_pass, cfg.window_size):
-        row_reqs = [reqs[j] for j in plan.owners] + [None] * plan.vpass.num_pad_rows
+    for plan in round_plans(jobs, cfg):
         launch = (row_pass.launch_row_pass if cfg.verifier == ROW_INVARIANT
                   else verifier.launch_pass)
-        launched.append((plan, launch(scheduler, batch, plan.vpass, row_reqs)))
+        launched.append((plan, launch(scheduler, batch, plan.vpass, plan.row_owners(reqs))))
         if not overlap:  # one pass at a time
             sample_and_decide(rt, scheduler, batch, reqs, partial, *launched.pop())
     if overlap:
