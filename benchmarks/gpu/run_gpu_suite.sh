@@ -288,12 +288,6 @@ assert eps, 'llm42 entry point not visible'
 eps[0].load(); import llm42, sglang
 print('plugin entry point OK:', eps[0].value, 'llm42 from', llm42.__file__, 'sglang', sglang.__version__)
 " || return 1
-  # The bundle installs with pip --no-compile and the device sets PYTHONDONTWRITEBYTECODE=1, so
-  # without this every server start (three processes) compiles SGLang from source: ~9 s more per
-  # import on this CPU (15 s against 6 s). Python still reads byte code it did not write.
-  local t=$(date +%s)
-  "$PYTHON" -m compileall -q -j 0 "$PREFIX/site" "$LLM42_SITE" >/dev/null 2>&1 || true
-  log "byte-compiled $PREFIX/site and $LLM42_SITE in $(( $(date +%s) - t )) s (PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE:-unset})"
   mkdir -p "$MODELS" "$DATA"
   touch "$RUN_DIR/.setup-done"
 }
