@@ -246,6 +246,37 @@ def test_per_request_meta_info(llm42_server):
     assert meta["completion_tokens"] == 20
 
 
+def _stream_chunks(url: str, text: str, det: bool | None, max_new_tokens: int) -> list[dict]:
+    sp = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
+    if det is not None:
+        sp["is_deterministic"] = det
+    r = requests.post(url + "/generate", json={"text": text, "sampling_params": sp,
+                                               "stream": True}, stream=True, timeout=300)
+    r.raise_for_status()
+    return [json.loads(line[6:]) for line in r.iter_lines()
+            if line.startswith(b"data: ") and line != b"data: [DONE]"]
+
+
+def test_llm42_counters_ride_only_with_a_deterministic_finish(llm42_server):
+    """The counters go out once, with the deterministic request's finishing chunk. Sent with
+    every step (SGLang's customized_info), they made each normal request beside a deterministic
+    one carry a list that grew by a None per key per token, scanned whole for every chunk in the
+    process that serves HTTP: quadratic in its output (the 8B shape at 10 %: the client's run
+    4 s longer than the server's work)."""
+    url = llm42_server.url
+    chunks = concurrently(
+        [lambda: _stream_chunks(url, "Tell me a story about", True, 24)]
+        + [lambda k=k: _stream_chunks(url, f"List {k} colours:", None, 24) for k in range(4)])
+    det, normals = chunks[0], chunks[1:]
+    assert len(det) > 1 and det[-1]["meta_info"]["llm42_verify_passes"] >= 1, det[-1]
+    keys = ("llm42_verify_passes", "llm42_rollbacks", "llm42_tokens_rolled_back",
+            "llm42_restarts")
+    assert not [c for c in det[:-1] if set(keys) & set(c["meta_info"])], "before its finish"
+    for normal in normals:
+        assert len(normal) > 1
+        assert not [c for c in normal if set(keys) & set(c["meta_info"])], "normal request"
+
+
 def _mode(server, body=None, **kwargs) -> requests.Response:
     return requests.post(server.url + "/llm42_benchmark_mode", json=body, timeout=30, **kwargs)
 

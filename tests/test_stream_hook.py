@@ -47,3 +47,26 @@ def test_aborted_before_any_verification_finishes_without_logprobs():
 def test_normal_requests_pass_through():
     req = SimpleNamespace(output_ids=array("q", [1]), finished=lambda: False)
     assert _accept(req)
+
+
+def test_counters_attach_to_the_finishing_output_only():
+    req = _req(2, [5, 6], [-0.5, -0.5], finished=False)
+    req._llm42.det.num_verify_passes = 3
+    _accept(req)
+    assert req.customized_info is None, "an unfinished step carries no counters"
+    req.finished = lambda: True
+    _accept(req)
+    info = req.customized_info
+    assert info["llm42_verify_passes"][0:2] == [3, 3]  # SGLang slices it per token
+    assert info["llm42_rollbacks"][1] == 0
+
+
+def test_collapse_keeps_a_deterministic_requests_counters_and_drops_a_normal_ones():
+    from llm42.sglang.endpoints import _collapse
+
+    det = {"meta_info": {"llm42_verify_passes": [None, 4], "llm42_rollbacks": [1]}}
+    normal = {"meta_info": {"llm42_verify_passes": [None, None], "id": "x"}}
+    _collapse(det)
+    _collapse(normal)
+    assert det["meta_info"] == {"llm42_verify_passes": 4, "llm42_rollbacks": 1}
+    assert normal["meta_info"] == {"id": "x"}

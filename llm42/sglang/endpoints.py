@@ -121,14 +121,20 @@ def _error(status: int, message: str):
 
 
 def _collapse(out) -> None:
-    """SGLang ships customized_info per token; llm42's per-request counters are scalars."""
+    """SGLang ships customized_info per token; llm42's per-request counters are scalars. A
+    normal request that shared a step with a finishing deterministic one got Nones only: it
+    shows no llm42 key."""
     meta = out.get("meta_info") if isinstance(out, dict) else None
     if not meta:
         return
     for key in META_KEYS:
         values = meta.get(key)
         if isinstance(values, list):
-            meta[key] = next((v for v in reversed(values) if v is not None), 0)
+            value = next((v for v in reversed(values) if v is not None), None)
+            if value is None:
+                del meta[key]
+            else:
+                meta[key] = value
 
 
 async def wait_one_response_hook(original, tokenizer_manager, *args, **kwargs):

@@ -21,7 +21,6 @@ from llm42.sglang import (
     speculation,
     verifier_choice,
 )
-from llm42.sglang.keys import META_KEYS
 from llm42.sglang.request_fields import is_deterministic_params
 from llm42.sglang.request_state import attach, det_state, of
 
@@ -85,24 +84,6 @@ def choose_verifier(config, scheduler) -> tuple[str, int | None, str | None, str
     return verifier, rows, verifier_choice.unproven(device, decode), line
 
 
-class _CounterView:
-    """Per-token view of one per-request counter, for SGLang's customized_info channel."""
-
-    __slots__ = ("state", "name")
-
-    def __init__(self, state: DetRequestState, name: str):
-        self.state, self.name = state, name
-
-    def __getitem__(self, index):
-        value = getattr(self.state, self.name)
-        if isinstance(index, slice):
-            return [value] * len(range(*index.indices(1 << 30)))
-        return value
-
-    def __len__(self):
-        return 1 << 30
-
-
 def req_init_hook(result, req, *args, **kwargs):
     """AFTER Req.__init__: attach window state to deterministic requests."""
     if runtime.RUNTIME is None or not is_deterministic_params(req.sampling_params):
@@ -117,7 +98,6 @@ def req_init_hook(result, req, *args, **kwargs):
     # Never match or publish radix-cache prefixes: cached KV was computed by other batches.
     fields.sglang_extra_key, req.extra_key = req.extra_key, f"llm42-det:{req.rid}"
     req.skip_radix_cache_insert = True
-    req.customized_info = {key: _CounterView(state, attr) for key, attr in META_KEYS.items()}
 
 
 def _bind_det_request_hooks(req) -> None:

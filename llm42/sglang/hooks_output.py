@@ -3,7 +3,9 @@ all (no fast-path logprob either) while none is verified."""
 
 from __future__ import annotations
 
+from llm42.core.window import DetRequestState
 from llm42.sglang import inline_verify, kv_rollback
+from llm42.sglang.keys import META_KEYS
 from llm42.sglang.request_state import det_state, of
 
 
@@ -36,6 +38,7 @@ def stream_accept_hook(original, accumulator, *, req):
     state = det_state(req)
     if state is not None:
         inline_verify.write_logprobs(req)  # tokens verified on arrival: the verifier's logprobs
+        req.customized_info = counter_views(state) if req.finished() else None
     if state is not None and state.num_verified_tokens == 0:
         if not req.finished():
             return None
@@ -43,3 +46,35 @@ def stream_accept_hook(original, accumulator, *, req):
         # after the abort cut the output; it would go out with an empty output.
         kv_rollback.truncate_logprobs(req, len(req.output_ids))
     return original(accumulator, req=req)
+
+
+def counter_views(state: DetRequestState) -> dict:
+    """A deterministic request's counters for SGLang's customized_info channel, attached only to
+    its finishing output.
+
+    SGLang ships customized_info per token, and once any request of a step carries it, every
+    other request of that step gets a list of Nones, which the tokenizer process appends to that
+    request's meta_info for its whole life. Attached at every step, a normal request beside a
+    deterministic one accumulated one None per key per token, and each of its streamed chunks
+    was scanned whole (`endpoints._collapse`): quadratic in its output, in the process that
+    serves HTTP. Attached at the finish, a step carries it only when a deterministic request
+    ends, and the counters are final."""
+    return {key: _CounterView(state, attr) for key, attr in META_KEYS.items()}
+
+
+class _CounterView:
+    """Per-token view of one per-request counter: SGLang slices customized_info by token."""
+
+    __slots__ = ("state", "name")
+
+    def __init__(self, state: DetRequestState, name: str):
+        self.state, self.name = state, name
+
+    def __getitem__(self, index):
+        value = getattr(self.state, self.name)
+        if isinstance(index, slice):
+            return [value] * len(range(*index.indices(1 << 30)))
+        return value
+
+    def __len__(self):
+        return 1 << 30
