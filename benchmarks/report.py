@@ -96,8 +96,9 @@ def _scheduling_label(stats: dict, window: int | None) -> str:
         label += f" cap{stats['max_passes_per_step']}"
     if stats.get("defer_verify_on_prefill"):
         label += " defer-on-prefill"
-    if stats.get("fold_passes") is False:
-        label += " no-fold"
+    fold = stats.get("fold_passes")
+    if fold is not None and fold != Llm42Config().fold_passes:
+        label += " fold" if fold else " no-fold"
     if stats.get("overlap_verify"):
         label += " overlap-verify"
     if stats.get("fp32_logits"):

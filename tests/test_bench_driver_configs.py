@@ -107,18 +107,18 @@ def test_pass_scheduling_variants_share_one_server():
          {"skip_compare": False, "inject_mismatch_rate": 0.0, "max_verify_wait": 48,
           "overlap_verify": True, "max_finish_wait": None, "inline_pad_ratio": 2.0,
           "inline_prefill": True, "batched_prefill": None, "defer_verify_on_prefill": False,
-          "fold_passes": True}),
+          "fold_passes": False}),
         ("llm42-w64-no-overlap-verify",
          {"skip_compare": False, "inject_mismatch_rate": 0.0, "max_verify_wait": None,
           "overlap_verify": False, "max_finish_wait": None, "inline_pad_ratio": 2.0,
           "inline_prefill": True, "batched_prefill": None, "defer_verify_on_prefill": False,
-          "fold_passes": True})]
+          "fold_passes": False})]
     # back to its own: the flags' defaults (overlap-verify on since defaults version 4)
     assert driver.plain_mode(host) == {"skip_compare": False, "inject_mismatch_rate": 0.0,
                                        "max_verify_wait": None, "overlap_verify": True,
                                        "max_finish_wait": None, "inline_pad_ratio": 2.0,
                                        "inline_prefill": True, "batched_prefill": None,
-                                       "defer_verify_on_prefill": False, "fold_passes": True}
+                                       "defer_verify_on_prefill": False, "fold_passes": False}
     assert [c.ratios for c in [host, *host.switched]] == [[0.1, 1.0]] * 3
     # a survey: the variants after the first at their own ratios
     survey = driver.server_configs(argparse.Namespace(**vars(args), args_variant_ratios="0.1"))
@@ -127,10 +127,11 @@ def test_pass_scheduling_variants_share_one_server():
     assert driver.scheduling_mode("--llm42-max-verify-wait=12 --x 1") == (
         "--x 1", {"max_verify_wait": 12, "overlap_verify": True, "max_finish_wait": None,
                   "inline_pad_ratio": 2.0, "inline_prefill": True, "batched_prefill": None,
-                  "defer_verify_on_prefill": False, "fold_passes": True})
+                  "defer_verify_on_prefill": False, "fold_passes": False})
     assert driver.scheduling_mode("--llm42-max-finish-wait 8")[1]["max_finish_wait"] == 8
     assert driver.scheduling_mode("--llm42-inline-pad-ratio 0.5")[1]["inline_pad_ratio"] == 0.5
     assert driver.scheduling_mode("--no-llm42-fold-passes")[1]["fold_passes"] is False
+    assert driver.scheduling_mode("--llm42-fold-passes")[1]["fold_passes"] is True
 
 
 def test_pass_tokens_sweep_keeps_the_pass_size_on_one_server():

@@ -74,8 +74,8 @@ def test_report_labels_tell_scheduling_variants_apart():
                       "llm42 W64 B8 batched-prefill cap1 defer-on-prefill",
                       "llm42 W64 B8 batched-prefill wait48",
                       "llm42 W64 B8 batched-prefill overlap-verify",
-                      "llm42 W64 B8 batched-prefill no-fold",
-                      "llm42 W64 B8 batched-prefill"]
+                      "llm42 W64 B8 batched-prefill",
+                      "llm42 W64 B8 batched-prefill fold"]
     assert variant_of({**base, "llm42_stats": None}) == labels[0]  # rows of older runs
     # the verifier and inline verification's pad ratio, where not the defaults (row-invariant's
     # own verify wait is 0); a run that never completed shows the flags it was to run with

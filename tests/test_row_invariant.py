@@ -295,7 +295,7 @@ def test_due_passes_fold_into_decode_steps_and_change_no_output(row_server, row_
     same server with every pass apart, and those of the passes-only server."""
     url, prompts = row_server.url, [p + " Folded." for p in PROMPTS[:3]]
     try:
-        _switch(url, 4, 4, 0.0, True)
+        _switch(url, 4, 4, 0.0, True, fold_passes=True)
         before = llm42_stats(url)
         folded = _outputs(url, prompts, {})
         mid = llm42_stats(url)
@@ -303,7 +303,7 @@ def test_due_passes_fold_into_decode_steps_and_change_no_output(row_server, row_
         apart = _outputs(url, prompts, {})
         after = llm42_stats(url)
     finally:
-        _switch(url, 8, 4, INLINE_ALWAYS, True, fold_passes=True)
+        _switch(url, 8, 4, INLINE_ALWAYS, True, fold_passes=False)
     assert_same(apart, folded, "passes folded into decode steps vs apart")
     assert_same(_outputs(row_server_apart.url, prompts, {}), folded,
                 "passes folded into decode steps vs the passes-only server")

@@ -294,7 +294,7 @@ def test_benchmark_modes_switch_on_a_running_server(llm42_server):
             "max_verify_wait": WINDOW // 4, "overlap_verify": True,
             "max_finish_wait": WINDOW // 4, "inline_pad_ratio": 2.0, "inline_prefill": True,
             "batched_prefill": False, "defer_verify_on_prefill": False,
-            "fold_passes": True}
+            "fold_passes": False}
         requests.post(url + "/reset_llm42_stats", timeout=30)
         injected = generate(url, prompt, det=True, max_new_tokens=24)
         stats = requests.get(url + "/llm42_stats", timeout=30).json()
@@ -308,7 +308,7 @@ def test_benchmark_modes_switch_on_a_running_server(llm42_server):
             "max_verify_wait": WINDOW // 4, "overlap_verify": True,
             "max_finish_wait": WINDOW // 4, "inline_pad_ratio": 2.0, "inline_prefill": True,
             "batched_prefill": False, "defer_verify_on_prefill": False,
-            "fold_passes": True}
+            "fold_passes": False}
         requests.post(url + "/reset_llm42_stats", timeout=30)
         generate(url, prompt, det=True, max_new_tokens=24)
         stats = requests.get(url + "/llm42_stats", timeout=30).json()
@@ -450,7 +450,7 @@ def test_window_switch_serves_as_a_server_started_with_that_window(llm42_server,
             "max_verify_wait": SWITCHED_WINDOW // 4, "overlap_verify": True,
             "max_finish_wait": SWITCHED_WINDOW // 4, "inline_pad_ratio": 2.0,
             "inline_prefill": True, "batched_prefill": False, "defer_verify_on_prefill": False,
-            "fold_passes": True}
+            "fold_passes": False}
         switched = run(url)
         stats = requests.get(url + "/llm42_stats", timeout=30).json()
         assert (stats["window_size"], stats["max_verify_wait"]) == (16, 4), stats

@@ -36,7 +36,7 @@ PUBLISHED_FLAGS = {
     "llm42_inline_verify": None,
     "llm42_inline_pad_ratio": 2.0,
     "llm42_inline_prefill": True,
-    "llm42_fold_passes": True,
+    "llm42_fold_passes": False,
     "llm42_allow_unproven_backend": False,
 }
 
@@ -48,7 +48,7 @@ OTHER_VALUES = {
     "defer_verify_on_prefill": True, "overlap_verify": False, "batched_prefill": False,
     "prefix_cache": True, "solo_prefill_min_tokens": 300, "benchmark_modes": True,
     "fp32_logits": False, "verifier": "row-invariant", "inline_verify": False,
-    "inline_pad_ratio": 0.5, "inline_prefill": False, "fold_passes": False,
+    "inline_pad_ratio": 0.5, "inline_prefill": False, "fold_passes": True,
     "allow_unproven_backend": True,
 }
 

@@ -208,7 +208,7 @@ def test_folded_passes_hold_a_round_while_a_prefill_comes(rt, rounds):
     """With folded passes a due round is offered to the next decode step instead of run; while
     a prefill comes it waits (no pass in the prefill's gap) until overdue, then runs as a pass.
     Without them, it runs at once."""
-    rt.config = Llm42Config(window_size=W, verifier="row-invariant")  # max verify wait 0
+    rt.config = Llm42Config(window_size=W, verifier="row-invariant", fold_passes=True)  # wait 0
     rt.inline_verify, rt.row_pass_rows = True, 16
     a = Req("a", [4] * 5, 1)
     rt.scheduler.waiting_queue = ["a prompt"]

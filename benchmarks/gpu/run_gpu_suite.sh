@@ -150,6 +150,8 @@
 #   PREFILL_GRAPHS=0 (1: keep SGLang's prefill CUDA graphs for every config)
 #   TIMELINE=0 (1: every server, baselines too, records a step timeline, summarized in
 #   STEP/timeline_LABEL/)
+#   IMPORT_PROFILE=0 (1: setup logs the slowest imports of `import sglang.launch_server`, -X importtime,
+#   into OUT/importtime.txt: what a server start spends before its first log line)
 #   PROFILE_STEPS=0 (N > 0: every benchmark run of a driver step takes one torch.profiler trace
 #   of N forward steps of its server, CPU + GPU with python stacks, once PROFILE_RUNNING=200
 #   requests run and none wait, summarized by benchmarks.step_profile in
@@ -239,6 +241,7 @@ EXTRA_SERVER_ARGS=${EXTRA_SERVER_ARGS:-}
 # prefills and the B x W verification pass (512 tokens, a captured size) then replay graphs.
 PREFILL_GRAPHS=${PREFILL_GRAPHS:-0}
 TIMELINE=${TIMELINE:-0}
+IMPORT_PROFILE=${IMPORT_PROFILE:-0}
 PROFILE_STEPS=${PROFILE_STEPS:-0}
 PROFILE_RUNNING=${PROFILE_RUNNING:-200}
 SWITCH_VARIANTS=${SWITCH_VARIANTS:-1}
@@ -288,6 +291,11 @@ assert eps, 'llm42 entry point not visible'
 eps[0].load(); import llm42, sglang
 print('plugin entry point OK:', eps[0].value, 'llm42 from', llm42.__file__, 'sglang', sglang.__version__)
 " || return 1
+  if [[ $IMPORT_PROFILE == 1 ]]; then  # where a server start's first ~25 s of imports go
+    env_python -X importtime -c "import sglang.launch_server" 2> "$OUT/importtime.txt"
+    log "slowest imports (cumulative us, $OUT/importtime.txt):"
+    sort -t'|' -k2 -n -r "$OUT/importtime.txt" | head -15
+  fi
   mkdir -p "$MODELS" "$DATA"
   touch "$RUN_DIR/.setup-done"
 }
