@@ -261,8 +261,7 @@ def test_llm42_counters_ride_only_with_a_deterministic_finish(llm42_server):
     """The counters go out once, with the deterministic request's finishing chunk. Sent with
     every step (SGLang's customized_info), they made each normal request beside a deterministic
     one carry a list that grew by a None per key per token, scanned whole for every chunk in the
-    process that serves HTTP: quadratic in its output (the 8B shape at 10 %: the client's run
-    4 s longer than the server's work)."""
+    process that serves HTTP: quadratic in its output (benchmarks/results/cpu-output-path)."""
     url = llm42_server.url
     chunks = concurrently(
         [lambda: _stream_chunks(url, "Tell me a story about", True, 24)]
