@@ -26,6 +26,9 @@ import numpy as np
 # (`--llm42-fold-passes`): that step ran at the row pass's rows, no pass forward of its own
 CLASSES = ("decode", "prefill", "verify", "prefill+verify", "folded")
 PREFILL_KINDS = ("prefill", "det_prefill")
+# Decode steps by the requests they hold: a step's cost depends on its batch, and two servers
+# under the same arrivals run different batch sizes (a slower one holds more requests).
+BATCH_BUCKETS = (1, 32, 64, 128, 257)
 
 
 def load_segments(path: Path) -> list[list[dict]]:
@@ -120,9 +123,11 @@ def summarize(records: list[dict], tail_s: float | None = None) -> dict:
         }
     kinds = {}
     for rec in records:
-        k = kinds.setdefault(rec.get("kind") or "none", {"iterations": 0, "seconds": 0.0})
+        k = kinds.setdefault(rec.get("kind") or "none",
+                             {"iterations": 0, "seconds": 0.0, "launch_s": 0.0})
         k["iterations"] += 1
         k["seconds"] += rec.get("dt", 0.0)
+        k["launch_s"] += rec.get("launch") or 0.0
     all_gaps = [g["gap_s"] for g in gaps]
     passes = sum(r.get("passes", 0) for r in records)
     verify_s = sum(r.get("verify_s", 0.0) for r in records)
@@ -135,8 +140,10 @@ def summarize(records: list[dict], tail_s: float | None = None) -> dict:
         "gap_minus_verify_p99_ms": _ms([g["gap_s"] - g["verify_s"] for g in gaps], 99),
         "classes": classes,
         "iterations": {k: {"iterations": v["iterations"], "seconds": round(v["seconds"], 3),
-                           "mean_ms": round(v["seconds"] / v["iterations"] * 1000, 2)}
+                           "mean_ms": round(v["seconds"] / v["iterations"] * 1000, 2),
+                           "launch_mean_ms": round(v["launch_s"] / v["iterations"] * 1000, 2)}
                        for k, v in sorted(kinds.items())},
+        "decode_by_batch": decode_by_batch(records),
         "verify_passes": passes,
         "folded_passes": sum(r.get("folded", 0) for r in records),
         "folded_rows": sum(r.get("folded_rows", 0) for r in records),
@@ -150,6 +157,22 @@ def summarize(records: list[dict], tail_s: float | None = None) -> dict:
         "max_running": max((r.get("running", 0) for r in records), default=0),
         "max_queued": max((r.get("queued", 0) for r in records), default=0),
     }
+
+
+def decode_by_batch(records: list[dict]) -> dict:
+    """Plain decode iterations (no pass, no folded rows) by the requests in the batch: each
+    bucket's count, mean length and mean host time to launch."""
+    out = {}
+    for lo, hi in itertools.pairwise(BATCH_BUCKETS):
+        mine = [r for r in records if r.get("kind") == "decode" and not r.get("passes")
+                and not r.get("folded_rows") and lo <= (r.get("reqs") or 0) < hi]
+        if mine:
+            out[f"{lo}-{hi - 1}"] = {
+                "iterations": len(mine),
+                "mean_ms": round(1000 * sum(r.get("dt", 0.0) for r in mine) / len(mine), 2),
+                "launch_mean_ms": round(
+                    1000 * sum(r.get("launch") or 0.0 for r in mine) / len(mine), 2)}
+    return out
 
 
 def _fmt(v) -> str:
@@ -189,10 +212,17 @@ def markdown(summaries: dict[str, dict]) -> str:
                          f"{_fmt(o['p50_ms'])} / {_fmt(o['p90_ms'])} ms; in-flight result "
                          f"processed first {d['gaps']}, p50 / p90 {_fmt(d['p50_ms'])} / "
                          f"{_fmt(d['p90_ms'])} ms.")]
-        out += ["", "| iteration launched | iterations | seconds | mean (ms) |",
-                "|---|---|---|---|"]
+        out += ["", "| iteration launched | iterations | seconds | mean (ms) | launch mean (ms) |",
+                "|---|---|---|---|---|"]
         for kind, k in s["iterations"].items():
-            out.append(f"| {kind} | {k['iterations']} | {k['seconds']} | {k['mean_ms']} |")
+            out.append(f"| {kind} | {k['iterations']} | {k['seconds']} | {k['mean_ms']} | "
+                       f"{k.get('launch_mean_ms', '-')} |")
+        if s.get("decode_by_batch"):
+            out += ["", "| plain decode step, requests | iterations | mean (ms) | "
+                        "launch mean (ms) |", "|---|---|---|---|"]
+            for bucket, b in s["decode_by_batch"].items():
+                out.append(f"| {bucket} | {b['iterations']} | {b['mean_ms']} | "
+                           f"{b['launch_mean_ms']} |")
         out.append("")
     return "\n".join(out)
 

@@ -101,6 +101,27 @@ def test_gaps_are_classed_by_what_ran_between_two_decodes():
     assert s["span_s"] == pytest.approx(0.21)
 
 
+def test_plain_decode_steps_are_compared_by_batch_size_with_their_launch_time():
+    """Two servers under the same arrivals run different batch sizes; a step's cost is read
+    per batch size, apart from steps that carried a pass or a folded round."""
+    def dec(reqs, dt, launch, **extra):
+        return {"t": 0.0, "kind": "decode", "reqs": reqs, "dt": dt, "launch": launch, **extra}
+
+    records = [dec(8, 0.006, 0.001), dec(20, 0.008, 0.003), dec(40, 0.010, 0.002),
+               dec(40, 0.030, 0.002, passes=1), dec(40, 0.020, 0.004, folded_rows=64),
+               dec(256, 0.012, 0.001),
+               {"t": 0.0, "kind": "prefill", "reqs": 1, "dt": 0.015, "launch": 0.003}]
+    s = summarize(records)
+    assert s["decode_by_batch"] == {
+        "1-31": {"iterations": 2, "mean_ms": 7.0, "launch_mean_ms": 2.0},
+        "32-63": {"iterations": 1, "mean_ms": 10.0, "launch_mean_ms": 2.0},
+        "128-256": {"iterations": 1, "mean_ms": 12.0, "launch_mean_ms": 1.0}}
+    assert s["iterations"]["prefill"]["launch_mean_ms"] == 3.0
+    assert s["iterations"]["decode"]["launch_mean_ms"] == pytest.approx(13 / 6, abs=0.01)
+    md = markdown({"x": s})
+    assert "| 32-63 | 1 | 10.0 | 2.0 |" in md and "| prefill | 1 | 0.015 | 15.0 | 3.0 |" in md
+
+
 def test_tail_says_what_the_slow_gaps_held():
     records = [
         _rec(0.00, "decode"),
