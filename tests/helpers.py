@@ -53,6 +53,14 @@ def generate(url: str, text, *, det: bool | None = True, max_new_tokens: int = 2
     return _unpack(out, out["output_ids"])
 
 
+def stream_chunks(url: str, path: str, body: dict, timeout: float = 300) -> list[dict]:
+    """Every `data:` chunk of a streamed request to `path`, in order."""
+    r = requests.post(url + path, json={**body, "stream": True}, stream=True, timeout=timeout)
+    assert r.status_code == 200, r.text
+    return [json.loads(line[6:]) for line in r.iter_lines()
+            if line.startswith(b"data: ") and line != b"data: [DONE]"]
+
+
 def det_request(url: str, prompt: str | list[int], max_new_tokens: int, **kw):
     """One deterministic request of `max_new_tokens`; `prompt` is a text or token ids; the other
     keywords as `generate`'s."""

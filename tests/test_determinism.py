@@ -7,8 +7,6 @@ No retries anywhere: a retry would hide exactly the flake that matters.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import requests
 
@@ -21,6 +19,7 @@ from helpers import (
     generate,
     llm42_stats,
     sampling_cases,
+    stream_chunks,
 )
 
 pytestmark = pytest.mark.server
@@ -72,16 +71,6 @@ def test_streaming_matches_non_streaming(llm42_server, case):
         assert_same(ref, got, f"streamed {p!r}")
 
 
-def _stream_chunks(url, path, body):
-    r = requests.post(url + path, json={**body, "stream": True}, stream=True, timeout=300)
-    assert r.status_code == 200, r.text
-    chunks = []
-    for line in r.iter_lines():
-        if line.startswith(b"data: ") and line != b"data: [DONE]":
-            chunks.append(json.loads(line[6:]))
-    return chunks
-
-
 def test_native_top_level_flag_is_a_deterministic_request(llm42_server, plain_server):
     """`"is_deterministic": true` at the top level of /generate (where the OpenAI routes take
     it) is verified like the field inside sampling_params, bitwise the same output, for each
@@ -131,7 +120,7 @@ def test_openai_endpoints_reproducible(llm42_server):
     loaded = concurrently([run_completion, run_chat] + background_requests(url, 20))
     assert loaded[0] == ref_c and loaded[1] == ref_chat
     # streamed chat: the concatenated deltas are the non-streamed text
-    chunks = _stream_chunks(url, "/v1/chat/completions", chat)
+    chunks = stream_chunks(url, "/v1/chat/completions", chat)
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert text == ref_chat[0]
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 import requests
 from conftest import CONTEXT, VERIFY_BATCH, WINDOW, _llm42_args, _start
-from helpers import assert_same, concurrently, generate, llm42_stats
+from helpers import assert_same, concurrently, generate, llm42_stats, stream_chunks
 
 from llm42.server_process import cpu_server_env
 
@@ -250,11 +250,7 @@ def _stream_chunks(url: str, text: str, det: bool | None, max_new_tokens: int) -
     sp = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
     if det is not None:
         sp["is_deterministic"] = det
-    r = requests.post(url + "/generate", json={"text": text, "sampling_params": sp,
-                                               "stream": True}, stream=True, timeout=300)
-    r.raise_for_status()
-    return [json.loads(line[6:]) for line in r.iter_lines()
-            if line.startswith(b"data: ") and line != b"data: [DONE]"]
+    return stream_chunks(url, "/generate", {"text": text, "sampling_params": sp})
 
 
 def test_llm42_counters_ride_only_with_a_deterministic_finish(llm42_server):
