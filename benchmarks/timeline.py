@@ -144,6 +144,7 @@ def summarize(records: list[dict], tail_s: float | None = None) -> dict:
                            "launch_mean_ms": round(v["launch_s"] / v["iterations"] * 1000, 2)}
                        for k, v in sorted(kinds.items())},
         "decode_by_batch": decode_by_batch(records),
+        "results": results_by_kind(records),
         "verify_passes": passes,
         "folded_passes": sum(r.get("folded", 0) for r in records),
         "folded_rows": sum(r.get("folded_rows", 0) for r in records),
@@ -173,6 +174,26 @@ def decode_by_batch(records: list[dict]) -> dict:
                 "launch_mean_ms": round(
                     1000 * sum(r.get("launch") or 0.0 for r in mine) / len(mine), 2)}
     return out
+
+
+def results_by_kind(records: list[dict]) -> dict:
+    """Batch results processed by the kind of batch they came from (recorders since issue 34's
+    fifteenth session; older lines have none): how long the host waited for the GPU to finish
+    that batch and how long it then processed it. A run of prefills is GPU-bound where the wait
+    dominates, host-bound where the processing or the launch does."""
+    out = {}
+    for rec in records:
+        kind = rec.get("result_kind")
+        if kind is None:
+            continue
+        k = out.setdefault(kind, {"results": 0, "wait_s": 0.0, "process_s": 0.0})
+        k["results"] += 1
+        k["wait_s"] += rec.get("result_wait", 0.0)
+        k["process_s"] += rec.get("result_s", 0.0)
+    return {kind: {"results": k["results"],
+                   "wait_mean_ms": round(1000 * k["wait_s"] / k["results"], 2),
+                   "process_mean_ms": round(1000 * k["process_s"] / k["results"], 2)}
+            for kind, k in sorted(out.items())}
 
 
 def _fmt(v) -> str:
@@ -223,6 +244,12 @@ def markdown(summaries: dict[str, dict]) -> str:
             for bucket, b in s["decode_by_batch"].items():
                 out.append(f"| {bucket} | {b['iterations']} | {b['mean_ms']} | "
                            f"{b['launch_mean_ms']} |")
+        if s.get("results"):
+            out += ["", "| result of a | results | GPU wait mean (ms) | processing mean (ms) |",
+                    "|---|---|---|---|"]
+            for kind, r in s["results"].items():
+                out.append(f"| {kind} | {r['results']} | {r['wait_mean_ms']} | "
+                           f"{r['process_mean_ms']} |")
         out.append("")
     return "\n".join(out)
 

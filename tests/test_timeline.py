@@ -122,6 +122,30 @@ def test_plain_decode_steps_are_compared_by_batch_size_with_their_launch_time():
     assert "| 32-63 | 1 | 10.0 | 2.0 |" in md and "| prefill | 1 | 0.015 | 15.0 | 3.0 |" in md
 
 
+def test_results_split_an_iteration_into_gpu_wait_and_host_processing(tmp_path):
+    """An iteration's `dt` mixes the host's work with its wait for the GPU; each processed
+    result records both, and the summary sets them out by the kind of batch they came from."""
+    clock = Clock()
+    tl = StepTimeline(tmp_path / "t.jsonl", clock=clock)
+    _iteration(tl, clock, 0.000, "prefill", reqs=1)
+    tl.observe_result("decode", 0.004, 0.001)
+    _iteration(tl, clock, 0.020, "prefill", reqs=1)
+    tl.observe_result("prefill", 0.010, 0.002)  # an early drain and the loop's own result
+    tl.observe_result("prefill", 0.006, 0.002)
+    _iteration(tl, clock, 0.040, "decode")
+    tl.close()
+    lines = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert [(x["result_kind"], x["result_wait"], x["result_s"]) for x in lines] == [
+        ("decode", 0.004, 0.001), ("prefill", 0.016, 0.004), (None, 0.0, 0.0)]
+    s = summarize(lines)
+    assert s["results"] == {"decode": {"results": 1, "wait_mean_ms": 4.0, "process_mean_ms": 1.0},
+                            "prefill": {"results": 1, "wait_mean_ms": 16.0,
+                                        "process_mean_ms": 4.0}}
+    assert "| prefill | 1 | 16.0 | 4.0 |" in markdown({"x": s})
+    assert summarize([{k: v for k, v in x.items() if not k.startswith("result")}
+                      for x in lines])["results"] == {}  # older recorders: no table
+
+
 def test_tail_says_what_the_slow_gaps_held():
     records = [
         _rec(0.00, "decode"),
@@ -231,4 +255,7 @@ def test_baseline_server_records_a_timeline_and_nothing_else(plain_server):
     assert {"decode", "prefill"} <= kinds, kinds
     assert sum(r["passes"] for r in segment) == 0
     assert all(r["launch"] >= 0 and r["dt"] >= 0 for r in segment)
+    # every result the loop processed is recorded, with its host processing time
+    assert {"decode", "prefill"} <= {r["result_kind"] for r in segment}
+    assert all(r["result_s"] > 0 for r in segment if r["result_kind"] is not None)
     assert len(decode_gaps(segment)) >= 11  # 12 tokens per request: 11 gaps at least

@@ -13,6 +13,11 @@ tokens is the sum of the iterations between two decode launches.
     timeline.begin(now)                    # top of an iteration (closes the previous one)
     timeline.observe_pass(8, 3, 0.024)     # a verification pass ran
     timeline.launched("decode", reqs=97, tokens=97, running=97, queued=4)
+    timeline.observe_result("prefill", 0.006, 0.002)  # the previous batch's result processed
+
+A record's `result_wait` is the host blocked on the GPU for a result (the batch it launched
+before), `result_s` the host processing that result after: with `launch` they split an
+iteration into GPU-bound and host-bound time, which `dt` alone cannot.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ class StepTimeline:
         self._close(now)
         self._open = {"t": round(now - self._t0, 6), "kind": None, "passes": 0, "rows": 0,
                       "prompt_rows": 0, "verify_s": 0.0, "drained": False, "overlapped": 0,
-                      "folded": 0, "folded_s": 0.0, "folded_rows": 0}
+                      "folded": 0, "folded_s": 0.0, "folded_rows": 0, "result_kind": None,
+                      "result_wait": 0.0, "result_s": 0.0}
 
     def observe_pass(self, num_real_rows: int, num_prompt_rows: int, seconds: float,
                      folded: bool = False) -> None:
@@ -63,6 +69,16 @@ class StepTimeline:
         """The overlap loop's in-flight result was processed early, before a pass."""
         if self._open is not None:
             self._open["drained"] = True
+
+    def observe_result(self, kind: str, wait_s: float, process_s: float) -> None:
+        """A batch result processed in this iteration: `wait_s` until its GPU work was done,
+        then `process_s` on the host. `result_kind` names the last one (an early drain and the
+        loop's own can both land in one iteration: their times add up)."""
+        rec = self._open
+        if rec is not None:
+            rec["result_kind"] = kind
+            rec["result_wait"] = round(rec["result_wait"] + wait_s, 6)
+            rec["result_s"] = round(rec["result_s"] + process_s, 6)
 
     def observe_overlap(self, num_passes: int) -> None:
         """That result was processed while `num_passes` passes ran (--llm42-overlap-verify)."""

@@ -20,10 +20,25 @@ DRAINED = _Drained()
 
 
 def process_result_hook(original, scheduler, batch, result):
-    """AROUND Scheduler.process_batch_result: skip results `drain` already processed."""
+    """AROUND Scheduler.process_batch_result: skip results `drain` already processed. With a
+    step timeline, time the wait for the result's GPU work apart from its processing (SGLang's
+    processors wait on the same `copy_done` event first thing, so waiting here changes nothing)."""
     if result is DRAINED:
         return None
-    return original(scheduler, batch, result)
+    timeline = runtime.TIMELINE
+    if timeline is None:
+        return original(scheduler, batch, result)
+    t0 = time.perf_counter()
+    done = getattr(result, "copy_done", None)
+    if done is not None:
+        done.synchronize()
+    t1 = time.perf_counter()
+    try:
+        return original(scheduler, batch, result)
+    finally:
+        mode = batch.forward_mode
+        kind = "decode" if mode.is_decode() else "prefill" if mode.is_extend() else "other"
+        timeline.observe_result(kind, t1 - t0, time.perf_counter() - t1)
 
 
 def in_flight(scheduler) -> bool:
