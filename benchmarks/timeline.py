@@ -128,6 +128,8 @@ def summarize(records: list[dict], tail_s: float | None = None) -> dict:
         k["iterations"] += 1
         k["seconds"] += rec.get("dt", 0.0)
         k["launch_s"] += rec.get("launch") or 0.0
+        if "syncs" in rec:  # LLM42_SYNC_DEBUG=1 (llm42.sglang.sync_sites)
+            k["syncs"] = k.get("syncs", 0) + rec["syncs"]
     all_gaps = [g["gap_s"] for g in gaps]
     passes = sum(r.get("passes", 0) for r in records)
     verify_s = sum(r.get("verify_s", 0.0) for r in records)
@@ -141,7 +143,9 @@ def summarize(records: list[dict], tail_s: float | None = None) -> dict:
         "classes": classes,
         "iterations": {k: {"iterations": v["iterations"], "seconds": round(v["seconds"], 3),
                            "mean_ms": round(v["seconds"] / v["iterations"] * 1000, 2),
-                           "launch_mean_ms": round(v["launch_s"] / v["iterations"] * 1000, 2)}
+                           "launch_mean_ms": round(v["launch_s"] / v["iterations"] * 1000, 2),
+                           **({"syncs_mean": round(v["syncs"] / v["iterations"], 2)}
+                              if "syncs" in v else {})}
                        for k, v in sorted(kinds.items())},
         "decode_by_batch": decode_by_batch(records),
         "results": results_by_kind(records),
@@ -233,11 +237,14 @@ def markdown(summaries: dict[str, dict]) -> str:
                          f"{_fmt(o['p50_ms'])} / {_fmt(o['p90_ms'])} ms; in-flight result "
                          f"processed first {d['gaps']}, p50 / p90 {_fmt(d['p50_ms'])} / "
                          f"{_fmt(d['p90_ms'])} ms.")]
-        out += ["", "| iteration launched | iterations | seconds | mean (ms) | launch mean (ms) |",
-                "|---|---|---|---|---|"]
+        syncs = any("syncs_mean" in k for k in s["iterations"].values())
+        out += ["", "| iteration launched | iterations | seconds | mean (ms) | launch mean (ms) |"
+                + (" synchronizing CUDA calls per iteration |" if syncs else ""),
+                "|---|---|---|---|---|" + ("---|" if syncs else "")]
         for kind, k in s["iterations"].items():
             out.append(f"| {kind} | {k['iterations']} | {k['seconds']} | {k['mean_ms']} | "
-                       f"{k.get('launch_mean_ms', '-')} |")
+                       f"{k.get('launch_mean_ms', '-')} |"
+                       + (f" {_fmt(k.get('syncs_mean'))} |" if syncs else ""))
         if s.get("decode_by_batch"):
             out += ["", "| plain decode step, requests | iterations | mean (ms) | "
                         "launch mean (ms) |", "|---|---|---|---|"]
@@ -250,6 +257,21 @@ def markdown(summaries: dict[str, dict]) -> str:
             for kind, r in s["results"].items():
                 out.append(f"| {kind} | {r['results']} | {r['wait_mean_ms']} | "
                            f"{r['process_mean_ms']} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def sync_sites_markdown(paths: list[Path], top: int = 15) -> str:
+    """The `syncs-<pid>.json` files of `llm42.sglang.sync_sites` (LLM42_SYNC_DEBUG=1): each
+    server process's synchronizing CUDA calls by site, over its whole life (warm-up included)."""
+    out = []
+    for path in paths:
+        body = json.loads(path.read_text())
+        out += [f"## synchronizing CUDA calls: {path.stem}", "",
+                f"{body['total']} in all; the {top} most frequent sites (the line that made "
+                "the call < the llm42 / SGLang frames around it):", "",
+                "| calls | site |", "|---|---|"]
+        out += [f"| {s['count']} | `{s['site']}` |" for s in body["sites"][:top]]
         out.append("")
     return "\n".join(out)
 
@@ -304,6 +326,10 @@ def main(argv: list[str] | None = None) -> int:
     tail_s = args.tail_ms / 1000 if args.tail_ms is not None else None
     summaries = {name: summarize(recs, tail_s) for name, recs in named.items()}
     text = markdown(summaries)
+    sites = sorted({p for item in map(Path, args.inputs)
+                    for p in (item if item.is_dir() else item.parent).glob("syncs-*.json")})
+    if sites:
+        text += "\n" + sync_sites_markdown(sites)
     print(text)
     if args.out_dir:
         out = Path(args.out_dir)

@@ -150,6 +150,8 @@
 #   PREFILL_GRAPHS=0 (1: keep SGLang's prefill CUDA graphs for every config)
 #   TIMELINE=0 (1: every server, baselines too, records a step timeline, summarized in
 #   STEP/timeline_LABEL/)
+#   SYNC_DEBUG=0 (1, with TIMELINE=1: every server counts its synchronizing CUDA calls by the line
+#   that made them, LLM42_SYNC_DEBUG=1, llm42.sglang.sync_sites: a diagnostic, not a measurement)
 #   IMPORT_PROFILE=0 (1: setup logs the slowest imports of `import sglang.launch_server`, -X importtime,
 #   into OUT/importtime.txt: what a server start spends before its first log line)
 #   PROFILE_STEPS=0 (N > 0: every benchmark run of a driver step takes one torch.profiler trace
@@ -241,6 +243,8 @@ EXTRA_SERVER_ARGS=${EXTRA_SERVER_ARGS:-}
 # prefills and the B x W verification pass (512 tokens, a captured size) then replay graphs.
 PREFILL_GRAPHS=${PREFILL_GRAPHS:-0}
 TIMELINE=${TIMELINE:-0}
+SYNC_DEBUG=${SYNC_DEBUG:-0}
+[[ $SYNC_DEBUG == 1 ]] && export LLM42_SYNC_DEBUG=1  # the servers inherit it
 IMPORT_PROFILE=${IMPORT_PROFILE:-0}
 PROFILE_STEPS=${PROFILE_STEPS:-0}
 PROFILE_RUNNING=${PROFILE_RUNNING:-200}

@@ -124,6 +124,13 @@ def install_timeline(folder: str | Path) -> StepTimeline:
     path = Path(folder) / f"timeline-{os.getpid()}.jsonl"
     logger.info("llm42 step timeline: %s", path)
     TIMELINE = StepTimeline(path)
+    from llm42.sglang import sync_sites
+
+    sites = sync_sites.install(folder, on_sync=TIMELINE.observe_sync)
+    if sites is not None:  # LLM42_SYNC_DEBUG=1: a diagnostic, see sync_sites
+        logger.info("llm42: counting synchronizing CUDA calls into %s", sites.path)
+        TIMELINE.counts_syncs = True
+        TIMELINE.on_flush.append(sites.write)
     return TIMELINE
 
 
