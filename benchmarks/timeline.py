@@ -130,6 +130,8 @@ def summarize(records: list[dict], tail_s: float | None = None) -> dict:
         k["launch_s"] += rec.get("launch") or 0.0
         if "syncs" in rec:  # LLM42_SYNC_DEBUG=1 (llm42.sglang.sync_sites)
             k["syncs"] = k.get("syncs", 0) + rec["syncs"]
+        if "hook_s" in rec:  # LLM42_HOOK_TIMES=1 (llm42.sglang.hook_times)
+            k["hook_s"] = k.get("hook_s", 0.0) + rec["hook_s"]
     all_gaps = [g["gap_s"] for g in gaps]
     passes = sum(r.get("passes", 0) for r in records)
     verify_s = sum(r.get("verify_s", 0.0) for r in records)
@@ -145,7 +147,9 @@ def summarize(records: list[dict], tail_s: float | None = None) -> dict:
                            "mean_ms": round(v["seconds"] / v["iterations"] * 1000, 2),
                            "launch_mean_ms": round(v["launch_s"] / v["iterations"] * 1000, 2),
                            **({"syncs_mean": round(v["syncs"] / v["iterations"], 2)}
-                              if "syncs" in v else {})}
+                              if "syncs" in v else {}),
+                           **({"hook_mean_ms": round(v["hook_s"] / v["iterations"] * 1000, 3)}
+                              if "hook_s" in v else {})}
                        for k, v in sorted(kinds.items())},
         "decode_by_batch": decode_by_batch(records),
         "results": results_by_kind(records),
@@ -237,14 +241,17 @@ def markdown(summaries: dict[str, dict]) -> str:
                          f"{_fmt(o['p50_ms'])} / {_fmt(o['p90_ms'])} ms; in-flight result "
                          f"processed first {d['gaps']}, p50 / p90 {_fmt(d['p50_ms'])} / "
                          f"{_fmt(d['p90_ms'])} ms.")]
-        syncs = any("syncs_mean" in k for k in s["iterations"].values())
+        extra = [(key, title) for key, title in (
+            ("syncs_mean", "synchronizing CUDA calls per iteration"),
+            ("hook_mean_ms", "llm42 hooks' own host time (ms)"))
+            if any(key in k for k in s["iterations"].values())]
         out += ["", "| iteration launched | iterations | seconds | mean (ms) | launch mean (ms) |"
-                + (" synchronizing CUDA calls per iteration |" if syncs else ""),
-                "|---|---|---|---|---|" + ("---|" if syncs else "")]
+                + "".join(f" {title} |" for _, title in extra),
+                "|---|---|---|---|---|" + "---|" * len(extra)]
         for kind, k in s["iterations"].items():
             out.append(f"| {kind} | {k['iterations']} | {k['seconds']} | {k['mean_ms']} | "
                        f"{k.get('launch_mean_ms', '-')} |"
-                       + (f" {_fmt(k.get('syncs_mean'))} |" if syncs else ""))
+                       + "".join(f" {_fmt(k.get(key))} |" for key, _ in extra))
         if s.get("decode_by_batch"):
             out += ["", "| plain decode step, requests | iterations | mean (ms) | "
                         "launch mean (ms) |", "|---|---|---|---|"]
@@ -272,6 +279,22 @@ def sync_sites_markdown(paths: list[Path], top: int = 15) -> str:
                 "the call < the llm42 / SGLang frames around it):", "",
                 "| calls | site |", "|---|---|"]
         out += [f"| {s['count']} | `{s['site']}` |" for s in body["sites"][:top]]
+        out.append("")
+    return "\n".join(out)
+
+
+def hook_times_markdown(paths: list[Path], top: int = 15) -> str:
+    """The `hooks-<pid>.json` files of `llm42.sglang.hook_times` (LLM42_HOOK_TIMES=1): each
+    hook's own host time over the scheduler process's life (warm-up included)."""
+    out = []
+    for path in paths:
+        body = json.loads(path.read_text())
+        out += [f"## llm42 hooks' own host time: {path.stem}", "",
+                f"The {top} hooks with the most (an AROUND hook's time less SGLang's original "
+                "inside it):", "", "| hook | calls | own (s) | own per call (us) |",
+                "|---|---|---|---|"]
+        out += [f"| `{name}` | {h['calls']} | {h['own_s']} | {_fmt(h['own_us_per_call'])} |"
+                for name, h in list(body.items())[:top]]
         out.append("")
     return "\n".join(out)
 
@@ -330,6 +353,10 @@ def main(argv: list[str] | None = None) -> int:
                     for p in (item if item.is_dir() else item.parent).glob("syncs-*.json")})
     if sites:
         text += "\n" + sync_sites_markdown(sites)
+    hooks = sorted({p for item in map(Path, args.inputs)
+                    for p in (item if item.is_dir() else item.parent).glob("hooks-*.json")})
+    if hooks:
+        text += "\n" + hook_times_markdown(hooks)
     print(text)
     if args.out_dir:
         out = Path(args.out_dir)

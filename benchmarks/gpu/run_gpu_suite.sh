@@ -152,6 +152,8 @@
 #   STEP/timeline_LABEL/)
 #   SYNC_DEBUG=0 (1, with TIMELINE=1: every server counts its synchronizing CUDA calls by the line
 #   that made them, LLM42_SYNC_DEBUG=1, llm42.sglang.sync_sites: a diagnostic, not a measurement)
+#   HOOK_TIMES=0 (1, with TIMELINE=1: every llm42 hook's own host time, per hook and per
+#   iteration, LLM42_HOOK_TIMES=1, llm42.sglang.hook_times: a diagnostic, not a measurement)
 #   IMPORT_PROFILE=0 (1: setup logs the slowest imports of `import sglang.launch_server`, -X importtime,
 #   into OUT/importtime.txt: what a server start spends before its first log line)
 #   PROFILE_STEPS=0 (N > 0: every benchmark run of a driver step takes one torch.profiler trace
@@ -245,6 +247,8 @@ PREFILL_GRAPHS=${PREFILL_GRAPHS:-0}
 TIMELINE=${TIMELINE:-0}
 SYNC_DEBUG=${SYNC_DEBUG:-0}
 [[ $SYNC_DEBUG == 1 ]] && export LLM42_SYNC_DEBUG=1  # the servers inherit it
+HOOK_TIMES=${HOOK_TIMES:-0}
+[[ $HOOK_TIMES == 1 ]] && export LLM42_HOOK_TIMES=1
 IMPORT_PROFILE=${IMPORT_PROFILE:-0}
 PROFILE_STEPS=${PROFILE_STEPS:-0}
 PROFILE_RUNNING=${PROFILE_RUNNING:-200}

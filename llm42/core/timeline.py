@@ -39,6 +39,8 @@ class StepTimeline:
         self._pending: list[str] = []
         self.counts_syncs = False  # `observe_sync` is called (llm42.sglang.sync_sites)
         self.on_flush: list = []  # callables run after each flush (e.g. the sync sites' file)
+        # name -> callable giving a number for each record as it closes (e.g. the hooks' time)
+        self.per_record: dict = {}
 
     def begin(self, now: float | None = None) -> None:
         """Top of a scheduler iteration: close the previous record, open a new one."""
@@ -102,6 +104,8 @@ class StepTimeline:
             return
         if kind is None and rec["passes"] == 0 and rec["folded"] == 0:
             self._open = None  # idle polling: not worth a line (and far too many of them)
+            for value in self.per_record.values():
+                value()  # nor is its share of the counts: the next record starts afresh
             self.flush()
             return
         rec.update(kind=kind, reqs=reqs, tokens=tokens, running=running, queued=queued,
@@ -112,6 +116,8 @@ class StepTimeline:
         if rec is None:
             return
         rec["dt"] = round(now - self._t0 - rec["t"], 6)
+        for name, value in self.per_record.items():
+            rec[name] = round(value(), 6)
         self._pending.append(json.dumps(rec, separators=(",", ":")))
         if len(self._pending) >= self._flush_every:
             self.flush()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 
-from llm42.sglang import manifest
+from llm42.sglang import hook_times, manifest
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +76,9 @@ def register() -> None:
         elif spec.type == "property":
             _patch_property(spec.target, hook)
         else:
+            if hook_times.enabled():  # LLM42_HOOK_TIMES=1: a diagnostic, see hook_times
+                hook = hook_times.timed(".".join(spec.target.rsplit(".", 2)[-2:]), hook,
+                                        around=types[spec.type] == HookType.AROUND)
             HookRegistry.register(spec.target, hook, types[spec.type])
 
 

@@ -131,6 +131,14 @@ def install_timeline(folder: str | Path) -> StepTimeline:
         logger.info("llm42: counting synchronizing CUDA calls into %s", sites.path)
         TIMELINE.counts_syncs = True
         TIMELINE.on_flush.append(sites.write)
+    from llm42.sglang import hook_times
+
+    if hook_times.enabled():  # LLM42_HOOK_TIMES=1: a diagnostic, see hook_times
+        hooks_path = Path(folder) / f"hooks-{os.getpid()}.json"
+        logger.info("llm42: hooks' own host time into %s", hooks_path)
+        hook_times.take()  # what ran before the first iteration is not an iteration's
+        TIMELINE.per_record["hook_s"] = hook_times.take
+        TIMELINE.on_flush.append(lambda: hook_times.write(hooks_path))
     return TIMELINE
 
 

@@ -1,0 +1,97 @@
+"""`LLM42_HOOK_TIMES=1`: each llm42 hook's own host time, per hook and per timeline iteration."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks.timeline import main, summarize
+from llm42.core.timeline import StepTimeline
+from llm42.sglang import hook_times, plugin
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_an_around_hook_is_charged_its_own_time_not_sglangs(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(hook_times.time, "perf_counter", clock)
+    monkeypatch.setattr(hook_times, "TIMES", {})
+    hook_times.take()
+
+    def original(x):
+        clock.now += 5.0  # SGLang's work: not the hook's
+        return x + 1
+
+    def around(orig, x):
+        clock.now += 2.0
+        return orig(x) * 10
+
+    def after(result, x):
+        clock.now += 0.5
+
+    timed_around = hook_times.timed("Scheduler.get_next_batch_to_run", around, around=True)
+    timed_after = hook_times.timed("Req.__init__", after, around=False)
+    assert timed_around(original, 1) == 20 and timed_around.__name__ == "around"
+    timed_after(None, 1)
+    assert hook_times.TIMES == {"Scheduler.get_next_batch_to_run": [1, 2.0],
+                                "Req.__init__": [1, 0.5]}
+    assert hook_times.take() == 2.5 and hook_times.take() == 0.0
+
+
+def test_iterations_carry_their_hooks_time_and_the_summary_tables_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(hook_times, "TIMES", {"Sampler.forward": [4, 0.002]})
+    pending = [0.0]
+
+    def take():
+        seconds, pending[0] = pending[0], 0.0
+        return seconds
+
+    timeline = StepTimeline(tmp_path / "timeline-3.jsonl")
+    timeline.per_record["hook_s"] = take
+    timeline.begin()
+    pending[0] = 0.004
+    timeline.launched("prefill", reqs=1, tokens=9, running=1, queued=0)
+    timeline.begin()
+    pending[0] = 0.003  # an idle poll's hooks: dropped with its record
+    timeline.launched(None, reqs=0, tokens=0, running=1, queued=0)
+    timeline.begin()
+    pending[0] = 0.001
+    timeline.launched("decode", reqs=1, tokens=1, running=1, queued=0)
+    timeline.close()
+    records = [json.loads(x) for x in (tmp_path / "timeline-3.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r["hook_s"]) for r in records] == [("prefill", 0.004), ("decode", 0.001)]
+    iterations = summarize(records)["iterations"]
+    assert iterations["prefill"]["hook_mean_ms"] == 4.0
+    hook_times.write(tmp_path / "hooks-3.json", min_interval_s=0.0)
+    assert main([str(tmp_path), "--out-dir", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "timeline.md").read_text()
+    assert "llm42 hooks' own host time (ms)" in text
+    assert "| `Sampler.forward` | 4 | 0.002 | 500 |" in text
+
+
+def test_register_wraps_every_hook_only_when_asked(monkeypatch):
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    registered = []
+    monkeypatch.setattr(HookRegistry, "register",
+                        lambda target, hook, kind: registered.append((target, hook, kind)))
+    monkeypatch.setattr(hook_times, "TIMES", {})
+    monkeypatch.delenv(hook_times.ENV, raising=False)
+    plugin.register()
+    plain = {target: hook for target, hook, _ in registered}
+    assert plain and not hook_times.TIMES
+    registered.clear()
+    monkeypatch.setenv(hook_times.ENV, "1")
+    plugin.register()
+    timed = {target: (hook, kind) for target, hook, kind in registered}
+    assert timed.keys() == plain.keys()
+    target = "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run"
+    hook, kind = timed[target]
+    assert kind == HookType.AROUND and hook is not plain[target]
+    assert hook.__wrapped__ is plain[target]  # functools.update_wrapper
+    assert "Scheduler.get_next_batch_to_run" in hook_times.TIMES  # Class.method
