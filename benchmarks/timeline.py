@@ -324,6 +324,12 @@ def plot(named_records: dict[str, list[dict]], path: Path) -> None:
     plt.close(fig)
 
 
+def _beside(inputs: list[str], pattern: str) -> list[Path]:
+    """Files matching `pattern` in the inputs' folders (the diagnostics' per-process files)."""
+    return sorted({p for item in map(Path, inputs)
+                   for p in (item if item.is_dir() else item.parent).glob(pattern)})
+
+
 def _files(inputs: list[str]) -> list[Path]:
     files: list[Path] = []
     for item in map(Path, inputs):
@@ -349,14 +355,11 @@ def main(argv: list[str] | None = None) -> int:
     tail_s = args.tail_ms / 1000 if args.tail_ms is not None else None
     summaries = {name: summarize(recs, tail_s) for name, recs in named.items()}
     text = markdown(summaries)
-    sites = sorted({p for item in map(Path, args.inputs)
-                    for p in (item if item.is_dir() else item.parent).glob("syncs-*.json")})
-    if sites:
-        text += "\n" + sync_sites_markdown(sites)
-    hooks = sorted({p for item in map(Path, args.inputs)
-                    for p in (item if item.is_dir() else item.parent).glob("hooks-*.json")})
-    if hooks:
-        text += "\n" + hook_times_markdown(hooks)
+    for pattern, table in (("syncs-*.json", sync_sites_markdown),
+                           ("hooks-*.json", hook_times_markdown)):
+        beside = _beside(args.inputs, pattern)
+        if beside:
+            text += "\n" + table(beside)
     print(text)
     if args.out_dir:
         out = Path(args.out_dir)

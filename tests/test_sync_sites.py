@@ -53,8 +53,8 @@ def test_install_routes_only_sync_warnings_and_feeds_the_timeline(tmp_path, monk
     with warnings.catch_warnings():  # install's filter and handler end with this test
         warnings.showwarning = lambda *a, **k: others.append(str(a[0]))
         timeline = StepTimeline(tmp_path / "timeline-1.jsonl")
-        sites = sync_sites.install(tmp_path, on_sync=timeline.observe_sync)
-        timeline.counts_syncs = True
+        sites = sync_sites.install(tmp_path)
+        timeline.per_record["syncs"] = sites.take
         timeline.on_flush.append(sites.write)
         assert modes == ["warn"]
         timeline.begin()
@@ -80,7 +80,6 @@ def test_install_routes_only_sync_warnings_and_feeds_the_timeline(tmp_path, monk
 def test_timelines_without_the_diagnostic_carry_no_sync_column(tmp_path):
     timeline = StepTimeline(tmp_path / "timeline-2.jsonl")
     timeline.begin()
-    timeline.observe_sync()  # nothing to count into: the key is absent
     timeline.launched("decode", reqs=1, tokens=1, running=1, queued=0)
     timeline.close()
     record = json.loads((tmp_path / "timeline-2.jsonl").read_text())

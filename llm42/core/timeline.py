@@ -37,9 +37,9 @@ class StepTimeline:
         self._t0 = clock()
         self._open: dict | None = None  # the running iteration's record
         self._pending: list[str] = []
-        self.counts_syncs = False  # `observe_sync` is called (llm42.sglang.sync_sites)
         self.on_flush: list = []  # callables run after each flush (e.g. the sync sites' file)
-        # name -> callable giving a number for each record as it closes (e.g. the hooks' time)
+        # name -> callable giving what was counted since its last call, for each record as it
+        # closes (the diagnostics' syncs and hooks' time)
         self.per_record: dict = {}
 
     def begin(self, now: float | None = None) -> None:
@@ -50,8 +50,6 @@ class StepTimeline:
                       "prompt_rows": 0, "verify_s": 0.0, "drained": False, "overlapped": 0,
                       "folded": 0, "folded_s": 0.0, "folded_rows": 0, "result_kind": None,
                       "result_wait": 0.0, "result_s": 0.0}
-        if self.counts_syncs:
-            self._open["syncs"] = 0
 
     def observe_pass(self, num_real_rows: int, num_prompt_rows: int, seconds: float,
                      folded: bool = False) -> None:
@@ -85,11 +83,6 @@ class StepTimeline:
             rec["result_kind"] = kind
             rec["result_wait"] = round(rec["result_wait"] + wait_s, 6)
             rec["result_s"] = round(rec["result_s"] + process_s, 6)
-
-    def observe_sync(self) -> None:
-        """The host made a synchronizing CUDA call during this iteration."""
-        if self._open is not None and "syncs" in self._open:
-            self._open["syncs"] += 1
 
     def observe_overlap(self, num_passes: int) -> None:
         """That result was processed while `num_passes` passes ran (--llm42-overlap-verify)."""

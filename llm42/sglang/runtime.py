@@ -16,6 +16,7 @@ from llm42.core.injection import MismatchInjector
 from llm42.core.rank_ledger import DecisionLedger
 from llm42.core.stats import Llm42Stats
 from llm42.core.timeline import StepTimeline
+from llm42.sglang import hook_times, sync_sites
 
 if TYPE_CHECKING:
     from sglang.srt.managers.scheduler import Scheduler
@@ -124,15 +125,11 @@ def install_timeline(folder: str | Path) -> StepTimeline:
     path = Path(folder) / f"timeline-{os.getpid()}.jsonl"
     logger.info("llm42 step timeline: %s", path)
     TIMELINE = StepTimeline(path)
-    from llm42.sglang import sync_sites
-
-    sites = sync_sites.install(folder, on_sync=TIMELINE.observe_sync)
+    sites = sync_sites.install(folder)
     if sites is not None:  # LLM42_SYNC_DEBUG=1: a diagnostic, see sync_sites
         logger.info("llm42: counting synchronizing CUDA calls into %s", sites.path)
-        TIMELINE.counts_syncs = True
+        TIMELINE.per_record["syncs"] = sites.take
         TIMELINE.on_flush.append(sites.write)
-    from llm42.sglang import hook_times
-
     if hook_times.enabled():  # LLM42_HOOK_TIMES=1: a diagnostic, see hook_times
         hooks_path = Path(folder) / f"hooks-{os.getpid()}.json"
         logger.info("llm42: hooks' own host time into %s", hooks_path)

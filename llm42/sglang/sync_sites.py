@@ -33,12 +33,19 @@ class SyncSites:
         self.sites: Counter[str] = Counter()
         self.total = 0
         self._written = 0
+        self._pending = 0  # since the last `take`
 
     def observe(self, filename: str, lineno: int, frame=None) -> None:
         """One synchronizing call made at `filename:lineno`; `frame`: the caller's frame, whose
         enclosing llm42 / SGLang functions name the site."""
         self.total += 1
+        self._pending += 1
         self.sites[_site(filename, lineno, frame)] += 1
+
+    def take(self) -> int:
+        """Syncs since the last call (a timeline iteration's, `StepTimeline.per_record`)."""
+        count, self._pending = self._pending, 0
+        return count
 
     def write(self) -> None:
         """Rewrite the file if a sync came since the last write (the timeline flushes at every
@@ -69,10 +76,9 @@ def _site(filename: str, lineno: int, frame) -> str:
     return f"{_short(filename)}:{lineno}" + ("  <  " + "  <  ".join(chain) if chain else "")
 
 
-def install(folder: str | Path, on_sync=None) -> SyncSites | None:
+def install(folder: str | Path) -> SyncSites | None:
     """With `LLM42_SYNC_DEBUG=1` and CUDA: turn torch's sync debug mode to warnings and count
-    them (`on_sync()` is called at each, e.g. the timeline's per-iteration count). Other
-    warnings go to the handler that was there."""
+    them. Other warnings go to the handler that was there."""
     if os.environ.get(ENV, "0") != "1":
         return None
     import torch
@@ -86,8 +92,6 @@ def install(folder: str | Path, on_sync=None) -> SyncSites | None:
         if _MESSAGE not in str(message):
             return shown(message, category, filename, lineno, file, line)
         sites.observe(filename, lineno, sys._getframe(1))
-        if on_sync is not None:
-            on_sync()
         return None
 
     warnings.showwarning = showwarning
