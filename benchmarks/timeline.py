@@ -14,6 +14,7 @@ resets llm42's stats after its warmup, once per run).
 from __future__ import annotations
 
 import argparse
+import collections
 import gzip
 import itertools
 import json
@@ -68,8 +69,18 @@ def decode_gaps(records: list[dict]) -> list[dict]:
         gap_s = launch_time(records[b]) - launch_time(records[a])
         gaps.append({"t": records[a]["t"], "gap_s": gap_s, "verify_s": verify_s,
                      "passes": passes, "folded": folded, "overlapped": overlapped,
-                     "class": cls})
+                     "class": cls, "waited_on": _longest_wait(records[a:b])})
     return gaps
+
+
+def _longest_wait(records: list[dict]) -> str | None:
+    """The kind of batch whose GPU work the host waited on longest within a gap, None without
+    a wait of 1 ms or more (or in timelines without result timing). A gap's class says what
+    launched inside it; a batch launched just before the gap (a long deterministic prefill, whose
+    rows run as passes do) is waited on inside it, and only this names it."""
+    waits = [(r.get("result_wait", 0.0), r.get("result_kind")) for r in records]
+    wait, kind = max(waits, key=lambda w: w[0], default=(0.0, None))
+    return kind if kind is not None and wait >= 0.001 else None
 
 
 def launch_time(rec: dict) -> float:
@@ -92,6 +103,8 @@ def tail(gaps: list[dict], threshold_s: float | None = None) -> dict:
         "threshold_ms": round(threshold_s * 1000, 2),
         "gaps": len(slow),
         "by_class": {cls: sum(1 for g in slow if g["class"] == cls) for cls in CLASSES},
+        "waited_on": dict(sorted(collections.Counter(
+            g.get("waited_on") or "nothing" for g in slow).items())),
         "several_passes": sum(1 for g in slow if g["passes"] > 1),
         "one_pass_alone": sum(1 for g in slow if g["class"] == "verify" and g["passes"] == 1),
     }
@@ -234,6 +247,9 @@ def markdown(summaries: dict[str, dict]) -> str:
                      f"({held or 'none'}); {t['several_passes']} of them ran several passes "
                      f"in one step, {t['one_pass_alone']} a single pass and no prefill "
                      f"({s['several_pass_gaps']} gaps with several passes in all).")]
+        if any(k != "nothing" for k in t.get("waited_on", {})):
+            waited = ", ".join(f"{n} on a {kind} result" for kind, n in t["waited_on"].items())
+            out += ["", f"Of those gaps, the longest wait for the GPU: {waited}."]
         lone = s["lone_pass_gaps"]
         if lone["overlapped"]["gaps"]:
             o, d = lone["overlapped"], lone["drained_first"]

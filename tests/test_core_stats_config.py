@@ -43,7 +43,7 @@ SNAPSHOT_KEYS = {
     "inline_prefill_rows",
     "inline_prefill_prompts",
     "inline_prefill_time_s",
-    "inline_prefill_rows_only",
+    "inline_prefill_rows_only", "prompt_extend_forwards", "prompt_extend_rows",
     "folded_passes",
     "fold_missed",
     "schedule_time_s",

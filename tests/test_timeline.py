@@ -163,6 +163,29 @@ def test_tail_says_what_the_slow_gaps_held():
     assert tail(decode_gaps(records))["gaps"] == 1  # default: the gaps' own p99, the 50 ms one
     s = summarize(records, 0.045)
     assert s["several_pass_gaps"] == 1 and s["tail"]["by_class"]["verify"] == 1
+    assert t["waited_on"] == {"nothing": 3}, "no result timing recorded: no wait named"
+
+
+def test_a_slow_gap_names_the_batch_it_waited_on_even_if_launched_before_it():
+    """A deterministic prefill launched just before a decode: the decode's iteration waits for
+    the prefill's GPU work, inside the gap after it, which launched nothing but decode (the
+    H100 online timeline of 2026-12-07: its slowest gaps looked like decode-only ones)."""
+    def waited(t, kind, result_kind, wait):
+        return {**_rec(t, kind), "result_kind": result_kind, "result_wait": wait}
+    records = [
+        _rec(0.00, "decode"),
+        waited(0.008, "det_prefill", "decode", 0.004),
+        waited(0.010, "decode", "det_prefill", 0.080),   # 90 ms: waits on the prefill
+        waited(0.100, "decode", "decode", 0.005),        # 8 ms
+        waited(0.108, "decode", "decode", 0.0004),
+    ]
+    gaps = decode_gaps(records)
+    assert [g["class"] for g in gaps] == ["prefill", "decode", "decode"]
+    assert [g["waited_on"] for g in gaps] == ["decode", "det_prefill", "decode"]
+    t = tail(gaps, 0.05)
+    assert t["gaps"] == 1 and t["waited_on"] == {"det_prefill": 1}
+    assert "the longest wait for the GPU: 1 on a det_prefill result" in markdown(
+        {"x": summarize(records, 0.05)})
 
 
 def test_a_folded_pass_is_recorded_apart_and_classes_its_gap(tmp_path):

@@ -16,7 +16,7 @@ import time
 
 from llm42.core.verify_round import cap_jobs, due_jobs, range_is_fixed
 from llm42.sglang import det_rows, fold_pass, in_flight, inline_verify, runtime, verify_passes
-from llm42.sglang.request_state import det_state, deterministic, of
+from llm42.sglang.request_state import batch_kind, det_state, deterministic
 
 
 def decode_result_hook(original, processor, batch, result):
@@ -73,7 +73,7 @@ def next_batch_hook(original, scheduler, running_batch, last_batch):
     build_started = time.perf_counter()
     plan = original(scheduler, running_batch, last_batch)
     batch = plan.batch_to_run
-    kind = _step_kind(batch)
+    kind = batch_kind(batch)
     if rt is not None:
         inline_verify.plan_step(rt, batch)
         rt.step_started, rt.step_kind = time.perf_counter(), kind
@@ -92,18 +92,6 @@ def _record_launch(timeline, kind, scheduler, batch) -> None:
     timeline.launched(kind, reqs=reqs, tokens=tokens,
                       running=len(running.reqs) if running is not None else 0,
                       queued=len(scheduler.waiting_queue))
-
-
-def _step_kind(batch) -> str | None:
-    if batch is None or not batch.reqs:
-        return None
-    if batch.forward_mode.is_decode():
-        return "decode"
-    if batch.forward_mode.is_extend():
-        alone = any((f := of(r)) is not None and f.det is not None and f.prefill_alone
-                    for r in batch.reqs)
-        return "det_prefill" if alone else "prefill"
-    return None
 
 
 def verify_due(rt, scheduler, batch) -> None:

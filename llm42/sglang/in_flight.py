@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 from llm42.sglang import runtime
+from llm42.sglang.request_state import batch_kind
 
 
 class _Drained:
@@ -36,9 +37,8 @@ def process_result_hook(original, scheduler, batch, result):
     try:
         return original(scheduler, batch, result)
     finally:
-        mode = batch.forward_mode
-        kind = "decode" if mode.is_decode() else "prefill" if mode.is_extend() else "other"
-        timeline.observe_result(kind, t1 - t0, time.perf_counter() - t1)
+        timeline.observe_result(batch_kind(batch) or "other", t1 - t0,
+                                time.perf_counter() - t1)
 
 
 def in_flight(scheduler) -> bool:

@@ -160,24 +160,9 @@ def run_forward(step: PrefillStep, original, model_runner, forward_batch, *args,
 
 
 def _run_rows(rt, batch, entries: list, kept: list[int], device) -> torch.Tensor | None:
-    """`entries` as row-pass forwards of R rows; the fp32 logits of the entries at `kept`, in
+    """`entries` as the verifier's forwards of R rows (decode rows, or extend sequences under
+    `LLM42_PROMPT_ROWS=extend`, `prompt_rows`); the fp32 logits of the entries at `kept`, in
     that order (None when none)."""
-    rows = rt.row_pass_rows
-    picked, order = [], []
-    for start in range(0, len(entries), rows):
-        chunk = entries[start : start + rows]
-        ids = [t for _, _, t in chunk] + [0] * (rows - len(chunk))
-        logits, _ = row_pass.forward_rows(
-            rt.scheduler, batch, [req for req, _, _ in chunk], [pos for _, pos, _ in chunk],
-            rows, verifier.to_device(ids, torch.int64, device))
-        wanted = sorted({i for i in kept if start <= i < start + len(chunk)})
-        if wanted:  # copied before the next forward replays over the graph's output buffer
-            index = verifier.to_device([i - start for i in wanted], torch.int64, device)
-            picked.append(logits.index_select(0, index).float())
-            order += wanted
-    if not picked:
-        return None
-    found = torch.cat(picked)
-    position = {entry: j for j, entry in enumerate(order)}
-    return found.index_select(0, verifier.to_device([position[i] for i in kept], torch.int64,
-                                                     device))
+    logits, _ = row_pass.entry_logits(rt.scheduler, batch, entries, kept, rt.row_pass_rows,
+                                      device, rt.prompt_rows_extend)
+    return logits

@@ -87,3 +87,17 @@ def deterministic_rows(reqs: Sequence, flags: Sequence[bool] | None = None) -> l
 def deterministic(reqs: Sequence, flags: Sequence[bool] | None = None) -> list:
     """The deterministic requests of `reqs`, in order (`deterministic_rows`)."""
     return [reqs[i] for i in deterministic_rows(reqs, flags)]
+
+
+def batch_kind(batch) -> str | None:
+    """A batch as the step timeline names it: decode, prefill, det_prefill (deterministic
+    prompts prefilled apart) or None (no batch, or another mode)."""
+    if batch is None or not batch.reqs:
+        return None
+    if batch.forward_mode.is_decode():
+        return "decode"
+    if batch.forward_mode.is_extend():
+        alone = any((f := of(r)) is not None and f.det is not None and f.prefill_alone
+                    for r in batch.reqs)
+        return "det_prefill" if alone else "prefill"
+    return None

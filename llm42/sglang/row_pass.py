@@ -32,7 +32,7 @@ import torch
 
 from llm42.core.decision import PAD_TOKEN_ID
 from llm42.core.planner import VerifyPass
-from llm42.sglang import runtime, verifier
+from llm42.sglang import prompt_rows, runtime, verifier
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
@@ -127,29 +127,63 @@ def kv_tile() -> int | None:
 def launch_row_pass(
     scheduler: Scheduler, decode_batch: ScheduleBatch, vpass: VerifyPass, reqs: list[Req | None]
 ):
-    """Run `vpass`'s real entries as decode rows in forwards of `rows_per_forward` rows; the
-    logits of the entries a decision reads, as `verifier.launch_pass` returns them."""
+    """Run `vpass`'s real entries in forwards of `rows_per_forward` rows; the logits of the
+    entries a decision reads, as `verifier.launch_pass` returns them."""
     t0 = time.perf_counter()
     device = decode_batch.device
     rows = rows_per_forward(torch.device(device).type)
     if rows is None:
         raise RuntimeError(f"llm42: the row-invariant verifier has no row shape for {device}")
     entries, sampled = pass_entries(vpass, reqs)
-    picked = []
-    graphed = False
-    for start in range(0, len(entries), rows):
-        chunk = entries[start : start + rows]
-        out, ran_graph = _forward(scheduler, decode_batch, chunk, rows, device)
-        graphed = graphed or ran_graph
-        # Copied out before the next forward: a replayed decode graph returns its static output
-        # buffer, which that forward overwrites (as a fixed-shape pass copies at launch).
-        wanted = [i - start for _, i in sampled if start <= i < start + len(chunk)]
-        if wanted:
-            index = verifier.to_device(wanted, torch.int64, device)
-            picked.append(out.index_select(0, index).float())
-    logits = torch.cat(picked) if picked else None
+    rt = runtime.RUNTIME
+    logits, graphed = entry_logits(scheduler, decode_batch, entries, [i for _, i in sampled],
+                                   rows, device, rt is not None and rt.prompt_rows_extend)
     return verifier.LaunchedPass(vpass, reqs, [key for key, _ in sampled], logits, graphed,
                                  time.perf_counter() - t0)
+
+
+def entry_logits(scheduler, batch, entries: list, wanted: list[int], rows: int, device,
+                 prompts_extend: bool) -> tuple[torch.Tensor | None, bool]:
+    """The fp32 logits of `entries[i]` (request, position, token) for each i in `wanted`, in
+    that order (None when none), and whether a CUDA graph replayed. With `prompts_extend` the
+    prompt entries run first, as extend sequences (`prompt_rows`), then the others as decode
+    rows; otherwise all as decode rows. R rows a forward, in entry order within each kind, so
+    an entry's predecessors of its request run before it (a prompt's come before its
+    generated tokens')."""
+    prompt = prompt_rows.prompt_entries(entries) if prompts_extend else []
+    in_prompt = set(prompt)
+    others = [i for i in range(len(entries)) if i not in in_prompt]
+    wanted_set = set(wanted)
+    picked, order = [], []
+    graphed = False
+    for kind, indices in (("extend", prompt), ("decode", others)):
+        for start in range(0, len(indices), rows):
+            chunk = indices[start : start + rows]
+            if kind == "extend":
+                out = prompt_rows.forward(scheduler, batch, [entries[i] for i in chunk], rows,
+                                          device)
+                if runtime.RUNTIME is not None:
+                    runtime.RUNTIME.stats.observe_prompt_extend(len(chunk))
+            else:
+                out, ran_graph = _forward(scheduler, batch, [entries[i] for i in chunk], rows,
+                                          device)
+                graphed = graphed or ran_graph
+            # Copied out before the next forward: a replayed decode graph returns its static
+            # output buffer, which that forward overwrites (as a fixed-shape pass copies at
+            # launch).
+            keep = [j for j, i in enumerate(chunk) if i in wanted_set]
+            if keep:
+                index = verifier.to_device(keep, torch.int64, device)
+                picked.append(out.index_select(0, index).float())
+                order += [chunk[j] for j in keep]
+    if not picked:
+        return None, graphed
+    found = torch.cat(picked)
+    if order != list(wanted):
+        position = {entry: j for j, entry in enumerate(order)}
+        found = found.index_select(0, verifier.to_device([position[i] for i in wanted],
+                                                         torch.int64, device))
+    return found, graphed
 
 
 def pass_entries(vpass: VerifyPass, reqs: list) -> tuple[list, list]:
