@@ -18,7 +18,10 @@ depend on the other rows (`row_invariance.check_linears` checks that at startup)
 
 Entries are taken row by row in position order, so an entry's predecessors of the same request
 are in its own forward or an earlier one. The price: a window of W entries costs W decode rows
-instead of one extend row of W tokens, and a pass may take several forwards.
+instead of one extend row of W tokens, and a pass may take several forwards. Under
+`LLM42_PROMPT_ROWS=extend` a pass's prompt entries run first as extend sequences instead
+(`prompt_rows`: a prompt token is never an inline decode step's row, so only its own kind of
+forward must agree with itself).
 """
 
 from __future__ import annotations
