@@ -276,7 +276,9 @@ class Llm42Config:
     @property
     def verify_wait_steps(self) -> int:
         """Decode steps a ready job may wait for a pass to fill up (see planner.select_jobs).
-        A row-invariant pass computes only its real rows, so waiting fills nothing: 0."""
+        0 under the row-invariant verifier, chosen when its passes computed only their real
+        rows; they now run R-row forwards (one 64-row window in 256 at 10 % online on the H100),
+        so a wait may fill them: unmeasured yet (docs/tuning.md, online serving)."""
         if self.max_verify_wait is not None:
             return self.max_verify_wait
         return 0 if self.verifier == ROW_INVARIANT else self.window_size // 4
