@@ -145,6 +145,8 @@ def summarize(records: list[dict], tail_s: float | None = None) -> dict:
             k["syncs"] = k.get("syncs", 0) + rec["syncs"]
         if "hook_s" in rec:  # LLM42_HOOK_TIMES=1 (llm42.sglang.hook_times)
             k["hook_s"] = k.get("hook_s", 0.0) + rec["hook_s"]
+        if "forward_s" in rec:  # host time inside ModelRunner.forward (passes' included)
+            k["forward_s"] = k.get("forward_s", 0.0) + rec["forward_s"]
     all_gaps = [g["gap_s"] for g in gaps]
     passes = sum(r.get("passes", 0) for r in records)
     verify_s = sum(r.get("verify_s", 0.0) for r in records)
@@ -162,7 +164,9 @@ def summarize(records: list[dict], tail_s: float | None = None) -> dict:
                            **({"syncs_mean": round(v["syncs"] / v["iterations"], 2)}
                               if "syncs" in v else {}),
                            **({"hook_mean_ms": round(v["hook_s"] / v["iterations"] * 1000, 3)}
-                              if "hook_s" in v else {})}
+                              if "hook_s" in v else {}),
+                           **({"forward_mean_ms": round(v["forward_s"] / v["iterations"] * 1000,
+                                                       3)} if "forward_s" in v else {})}
                        for k, v in sorted(kinds.items())},
         "decode_by_batch": decode_by_batch(records),
         "results": results_by_kind(records),
@@ -259,7 +263,8 @@ def markdown(summaries: dict[str, dict]) -> str:
                          f"{_fmt(d['p90_ms'])} ms.")]
         extra = [(key, title) for key, title in (
             ("syncs_mean", "synchronizing CUDA calls per iteration"),
-            ("hook_mean_ms", "llm42 hooks' own host time (ms)"))
+            ("hook_mean_ms", "llm42 hooks' own host time (ms)"),
+            ("forward_mean_ms", "host time in the model forward (ms)"))
             if any(key in k for k in s["iterations"].values())]
         out += ["", "| iteration launched | iterations | seconds | mean (ms) | launch mean (ms) |"
                 + "".join(f" {title} |" for _, title in extra),

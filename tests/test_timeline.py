@@ -281,4 +281,8 @@ def test_baseline_server_records_a_timeline_and_nothing_else(plain_server):
     # every result the loop processed is recorded, with its host processing time
     assert {"decode", "prefill"} <= {r["result_kind"] for r in segment}
     assert all(r["result_s"] > 0 for r in segment if r["result_kind"] is not None)
+    # and the host time inside the model's forward, for the batch each iteration launched
+    assert all(r["forward_s"] > 0 for r in segment if r["kind"] in ("decode", "prefill"))
+    assert all(r["forward_s"] < r["dt"] for r in segment if r["kind"] is not None)
+    assert "host time in the model forward (ms)" in markdown({"x": summarize(segment)})
     assert len(decode_gaps(segment)) >= 11  # 12 tokens per request: 11 gaps at least

@@ -166,7 +166,24 @@ def _abandon(step: _Step) -> None:
 def model_forward_hook(original, model_runner, forward_batch, *args, **kwargs):
     """AROUND ModelRunner.forward: a decode step planned inline runs as a row pass, a prefill
     planned inline runs its prompt rows after SGLang's extend (their inner forwards come back
-    here in pass mode); every forward then takes the fp32 logits hook."""
+    here in pass mode); every forward then takes the fp32 logits hook. With a step timeline,
+    the host time of each outermost call is counted (`runtime.FORWARD_S`): an iteration's
+    `forward_s` tells its forward's launch apart from the rest of the loop."""
+    if runtime.TIMELINE is None or _FORWARD_DEPTH[0]:
+        return _model_forward(original, model_runner, forward_batch, *args, **kwargs)
+    _FORWARD_DEPTH[0] += 1
+    started = time.perf_counter()
+    try:
+        return _model_forward(original, model_runner, forward_batch, *args, **kwargs)
+    finally:
+        _FORWARD_DEPTH[0] -= 1
+        runtime.FORWARD_S[0] += time.perf_counter() - started
+
+
+_FORWARD_DEPTH = [0]  # nested forwards (a pass's, an inline prefill's rows) count in the outer
+
+
+def _model_forward(original, model_runner, forward_batch, *args, **kwargs):
     step = take_launch(forward_batch)
     if isinstance(step, inline_prefill.PrefillStep):
         return inline_prefill.run_forward(step, original, model_runner, forward_batch, *args,

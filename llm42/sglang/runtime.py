@@ -29,6 +29,14 @@ RUNTIME: Llm42Runtime | None = None
 TIMELINE: StepTimeline | None = None
 # True only while the verification forward runs (read by the LogitsMetadata hook).
 IN_VERIFY_PASS = False
+# With a timeline: host seconds inside ModelRunner.forward since the last record closed
+# (`inline_verify.model_forward_hook`, outermost calls only), a record's `forward_s`.
+FORWARD_S = [0.0]
+
+
+def take_forward_s() -> float:
+    seconds, FORWARD_S[0] = FORWARD_S[0], 0.0
+    return seconds
 
 
 class Llm42Runtime:
@@ -130,6 +138,8 @@ def install_timeline(folder: str | Path) -> StepTimeline:
     path = Path(folder) / f"timeline-{os.getpid()}.jsonl"
     logger.info("llm42 step timeline: %s", path)
     TIMELINE = StepTimeline(path)
+    take_forward_s()  # what ran before the first iteration is not an iteration's
+    TIMELINE.per_record["forward_s"] = take_forward_s
     sites = sync_sites.install(folder)
     if sites is not None:  # LLM42_SYNC_DEBUG=1: a diagnostic, see sync_sites
         logger.info("llm42: counting synchronizing CUDA calls into %s", sites.path)
