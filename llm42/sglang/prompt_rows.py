@@ -6,18 +6,20 @@ against its request's KV before it. For a generated token that is what an inline
 computes, so the two must stay alike. A prompt token is never decoded, and as a decode row a
 prompt of L tokens reads its KV about L^2 / 2 times: on the 8B shape (128 KB of KV per token) a
 1,515-token deterministic prompt held the GPU ~83 ms where plain SGLang prefills it in ~35
-(`benchmarks/results/h100-2026-12-07-diagnostics`, the online timeline), and those stalls are
-a large part of the online ITL tail.
+(`benchmarks/results/h100-2026-12-07-diagnostics`, the online timeline: 3 of the run's 28
+slowest gaps waited on such a prompt), and over ShareGPT's prompts the KV reads are more than
+half of a deterministic prompt's GPU time (docs/tuning.md).
 
 Here a pass's (or an inline prefill's) prompt entries run as extend sequences instead: each run
 of consecutive positions of one request is a sequence whose prefix is its request's KV before
 it, packed R tokens a forward (the GEMMs see the rows a decode-row forward gives them), padded
 with a dummy sequence on SGLang's padding slot. The attention reads the prefix once per block of
 queries. A row's bits must not depend on where its chunk starts or on the forward's other
-sequences; the backends whose extend attention was shown to keep them are `EXTEND_BACKENDS`
-(Triton's unified 1-stage kernel, which `pass_attention.triton_extend_hook` selects inside these
-forwards: 8 of 8 cases in `benchmarks/results/h100-2026-12-06-row-invariance`; torch_native on
-CPU). Elsewhere prompt entries stay decode rows.
+sequences. `EXTEND_BACKENDS` are those where it holds: Triton, whose unified 1-stage kernel
+`pass_attention.triton_extend_hook` selects inside these forwards (8 of 8 cases in
+`benchmarks/results/h100-2026-12-06-row-invariance`), and torch_native on CPU, whose rows
+`pass_attention.torch_native_extend_rows_hook` computes one by one there (SGLang's own padded
+SDPA did not keep them). Elsewhere prompt entries stay decode rows.
 
 Whether a position is a prompt row depends on the request alone (`is_prompt`), so every path
 computes it the same way: prompt passes, inline prompt rows, a verified prefix-cache match. The
