@@ -169,6 +169,7 @@ def summarize(records: list[dict], tail_s: float | None = None) -> dict:
                                                        3)} if "forward_s" in v else {})}
                        for k, v in sorted(kinds.items())},
         "decode_by_batch": decode_by_batch(records),
+        "prefill_split": prefill_split(records),
         "results": results_by_kind(records),
         "verify_passes": passes,
         "folded_passes": sum(r.get("folded", 0) for r in records),
@@ -198,6 +199,34 @@ def decode_by_batch(records: list[dict]) -> dict:
                 "mean_ms": round(1000 * sum(r.get("dt", 0.0) for r in mine) / len(mine), 2),
                 "launch_mean_ms": round(
                     1000 * sum(r.get("launch") or 0.0 for r in mine) / len(mine), 2)}
+    return out
+
+
+PREFILL_TOKEN_BUCKETS = (0, 64, 256, 1024, 1 << 40)
+
+
+def prefill_split(records: list[dict]) -> dict:
+    """Prefill iterations without a pass, by the tokens they launched: the mean iteration split
+    into building the batch (`launch`), waiting for the GPU's previous work (`result_wait`),
+    processing that result (`result_s`), the host time inside the model forward (`forward_s`,
+    recorders since issue 34's sixteenth session) and the rest of the loop. A prefill iteration
+    is host-bound on the H100 (`h100-2026-12-07-diagnostics`): this says which part of the host
+    time llm42 adds to, and whether it grows with the prompt."""
+    out = {}
+    for lo, hi in itertools.pairwise(PREFILL_TOKEN_BUCKETS):
+        mine = [r for r in records if r.get("kind") in PREFILL_KINDS and not r.get("passes")
+                and lo <= (r.get("tokens") or 0) < hi]
+        if not mine:
+            continue
+        parts = {name: sum(r.get(key) or 0.0 for r in mine) / len(mine)
+                 for name, key in (("dt", "dt"), ("launch", "launch"), ("wait", "result_wait"),
+                                   ("process", "result_s"), ("forward", "forward_s"))}
+        parts["other"] = parts["dt"] - sum(parts[k] for k in ("launch", "wait", "process",
+                                                                 "forward"))
+        label = f"{lo}-{hi - 1}" if hi < PREFILL_TOKEN_BUCKETS[-1] else f"{lo}+"
+        out[label] = {"iterations": len(mine),
+                      **{f"{k}_ms": round(v * 1000, 2) for k, v in parts.items()},
+                      "has_forward": all("forward_s" in r for r in mine)}
     return out
 
 
@@ -279,6 +308,14 @@ def markdown(summaries: dict[str, dict]) -> str:
             for bucket, b in s["decode_by_batch"].items():
                 out.append(f"| {bucket} | {b['iterations']} | {b['mean_ms']} | "
                            f"{b['launch_mean_ms']} |")
+        if s.get("prefill_split"):
+            out += ["", "| prefill without a pass, tokens | iterations | mean (ms) | batch build | "
+                        "GPU wait | result processing | model forward (host) | rest |",
+                    "|---|---|---|---|---|---|---|---|"]
+            for bucket, b in s["prefill_split"].items():
+                fwd = b["forward_ms"] if b["has_forward"] else "-"  # older recorders: in rest
+                out.append(f"| {bucket} | {b['iterations']} | {b['dt_ms']} | {b['launch_ms']} | "
+                           f"{b['wait_ms']} | {b['process_ms']} | {fwd} | {b['other_ms']} |")
         if s.get("results"):
             out += ["", "| result of a | results | GPU wait mean (ms) | processing mean (ms) |",
                     "|---|---|---|---|"]

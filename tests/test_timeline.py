@@ -146,6 +146,25 @@ def test_results_split_an_iteration_into_gpu_wait_and_host_processing(tmp_path):
                       for x in lines])["results"] == {}  # older recorders: no table
 
 
+def test_prefill_iterations_are_split_by_prompt_size_into_host_and_gpu_parts():
+    """Where a prefill iteration's time goes, by the tokens it launched: the batch build, the
+    wait for the GPU, the result's processing, the forward's launch and the rest; iterations
+    with a pass are left out (their time is the pass's)."""
+    def prefill(t, tokens, dt, forward, passes=0):
+        return {**_rec(t, "prefill", passes=passes, dt=dt, launch=0.001), "tokens": tokens,
+                "result_wait": 0.0005, "result_s": 0.0015, "forward_s": forward}
+    records = [prefill(0.0, 10, 0.010, 0.006), prefill(0.1, 30, 0.012, 0.008),
+               prefill(0.2, 2000, 0.020, 0.015), prefill(0.3, 2000, 0.050, 0.015, passes=1)]
+    split = summarize(records)["prefill_split"]
+    assert set(split) == {"0-63", "1024+"}
+    small = split["0-63"]
+    assert (small["iterations"], small["dt_ms"], small["forward_ms"]) == (2, 11.0, 7.0)
+    assert (small["launch_ms"], small["wait_ms"], small["process_ms"]) == (1.0, 0.5, 1.5)
+    assert small["other_ms"] == 1.0 and split["1024+"]["other_ms"] == 2.0
+    assert "| 0-63 | 2 | 11.0 | 1.0 | 0.5 | 1.5 | 7.0 | 1.0 |" in markdown(
+        {"x": summarize(records)})
+
+
 def test_tail_says_what_the_slow_gaps_held():
     records = [
         _rec(0.00, "decode"),
