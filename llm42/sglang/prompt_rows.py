@@ -113,19 +113,7 @@ def forward(scheduler, template, entries: list, rows: int, device) -> torch.Tens
         pool_idx.append(0), prefix_lens.append(0), extend_lens.append(pad)
         locs.append(torch.zeros(pad, dtype=torch.int64, device=device))
         ids += [0] * pad
-    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
-    batch = verifier.pass_batch(template, reqs, len(pool_idx))
-    batch.forward_mode = _extend_mode()
-    batch.input_ids = verifier.to_device(ids, torch.int64, device)
-    batch.req_pool_indices = verifier.to_device(pool_idx, torch.int64, device)
-    batch.seq_lens = verifier.to_device(seq_lens, torch.int64, device)
-    batch.seq_lens_cpu = torch.tensor(seq_lens, dtype=torch.int64)
-    batch.orig_seq_lens = verifier.to_device(seq_lens, torch.int32, device)
-    batch.seq_lens_sum = sum(seq_lens)
-    batch.out_cache_loc = torch.cat(locs)
-    batch.prefix_lens, batch.extend_lens = prefix_lens, extend_lens
-    batch.extend_num_tokens = rows
-    batch.extend_logprob_start_lens = list(extend_lens)
+    batch = verifier.extend_batch(template, reqs, pool_idx, prefix_lens, extend_lens, ids, locs)
     ACTIVE = True
     try:
         result = verifier.forward_pass(scheduler, batch)
@@ -135,8 +123,3 @@ def forward(scheduler, template, entries: list, rows: int, device) -> torch.Tens
     assert logits.shape[0] == rows, f"prompt row logits {tuple(logits.shape)}"
     return logits
 
-
-def _extend_mode():
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
-    return ForwardMode.EXTEND

@@ -113,19 +113,7 @@ def launch_pass(
             pool_idx.append(0), prefix_lens.append(0), extend_lens.append(W - room)
 
     flat_ids = [0 if t == PAD_TOKEN_ID else t for t in vpass.flat_input_ids]
-    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
-    batch = pass_batch(decode_batch, reqs, len(pool_idx))
-    batch.forward_mode = _extend_mode()
-    batch.input_ids = to_device(flat_ids, torch.int64, device)
-    batch.req_pool_indices = to_device(pool_idx, torch.int64, device)
-    batch.seq_lens = to_device(seq_lens, torch.int64, device)
-    batch.seq_lens_cpu = torch.tensor(seq_lens, dtype=torch.int64)
-    batch.orig_seq_lens = to_device(seq_lens, torch.int32, device)
-    batch.seq_lens_sum = sum(seq_lens)
-    batch.out_cache_loc = torch.cat(locs)
-    batch.prefix_lens, batch.extend_lens = prefix_lens, extend_lens
-    batch.extend_num_tokens = sum(extend_lens)
-    batch.extend_logprob_start_lens = list(extend_lens)
+    batch = extend_batch(decode_batch, reqs, pool_idx, prefix_lens, extend_lens, flat_ids, locs)
 
     result = forward_pass(scheduler, batch)
     logits = result.logits_output.next_token_logits  # [num_tokens, vocab]
@@ -148,6 +136,29 @@ def forward_pass(scheduler: Scheduler, batch: ScheduleBatch):
         return scheduler.tp_worker.forward_batch_generation(batch, is_verify=True)
     finally:
         runtime.IN_VERIFY_PASS = False
+
+
+def extend_batch(decode_batch: ScheduleBatch, reqs: list, pool_idx: list[int],
+                 prefix_lens: list[int], extend_lens: list[int], input_ids: list[int],
+                 locs: list[torch.Tensor]) -> ScheduleBatch:
+    """A pass batch (`pass_batch`) in extend mode: sequence i is request row `pool_idx[i]`'s
+    `extend_lens[i]` tokens after its first `prefix_lens[i]`, written to the KV slots `locs[i]`;
+    `input_ids` are every sequence's tokens in order. Every token gets logits in pass mode."""
+    device = decode_batch.device
+    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
+    batch = pass_batch(decode_batch, reqs, len(pool_idx))
+    batch.forward_mode = _extend_mode()
+    batch.input_ids = to_device(input_ids, torch.int64, device)
+    batch.req_pool_indices = to_device(pool_idx, torch.int64, device)
+    batch.seq_lens = to_device(seq_lens, torch.int64, device)
+    batch.seq_lens_cpu = torch.tensor(seq_lens, dtype=torch.int64)
+    batch.orig_seq_lens = to_device(seq_lens, torch.int32, device)
+    batch.seq_lens_sum = sum(seq_lens)
+    batch.out_cache_loc = torch.cat(locs)
+    batch.prefix_lens, batch.extend_lens = prefix_lens, extend_lens
+    batch.extend_num_tokens = sum(extend_lens)
+    batch.extend_logprob_start_lens = list(extend_lens)
+    return batch
 
 
 def pass_batch(decode_batch: ScheduleBatch, reqs: list, num_seqs: int) -> ScheduleBatch:
