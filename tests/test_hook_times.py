@@ -52,7 +52,7 @@ def test_iterations_carry_their_hooks_time_and_the_summary_tables_it(tmp_path, m
         return seconds
 
     timeline = StepTimeline(tmp_path / "timeline-3.jsonl")
-    timeline.per_record["hook_s"] = take
+    timeline.add_counter("hook_s", take)
     timeline.begin()
     pending[0] = 0.004
     timeline.launched("prefill", reqs=1, tokens=9, running=1, queued=0)

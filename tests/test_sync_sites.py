@@ -54,7 +54,7 @@ def test_install_routes_only_sync_warnings_and_feeds_the_timeline(tmp_path, monk
         warnings.showwarning = lambda *a, **k: others.append(str(a[0]))
         timeline = StepTimeline(tmp_path / "timeline-1.jsonl")
         sites = sync_sites.install(tmp_path)
-        timeline.per_record["syncs"] = sites.take
+        timeline.add_counter("syncs", sites.take)
         timeline.on_flush.append(sites.write)
         assert modes == ["warn"]
         timeline.begin()

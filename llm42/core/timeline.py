@@ -42,6 +42,12 @@ class StepTimeline:
         # closes (the diagnostics' syncs and hooks' time)
         self.per_record: dict = {}
 
+    def add_counter(self, name: str, take) -> None:
+        """Each record gets `name`: what `take()` counted since its last call. What it counted
+        before the first record is nobody's, so it is dropped here."""
+        take()
+        self.per_record[name] = take
+
     def begin(self, now: float | None = None) -> None:
         """Top of a scheduler iteration: close the previous record, open a new one."""
         now = self._clock() if now is None else now

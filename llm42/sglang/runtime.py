@@ -138,18 +138,16 @@ def install_timeline(folder: str | Path) -> StepTimeline:
     path = Path(folder) / f"timeline-{os.getpid()}.jsonl"
     logger.info("llm42 step timeline: %s", path)
     TIMELINE = StepTimeline(path)
-    take_forward_s()  # what ran before the first iteration is not an iteration's
-    TIMELINE.per_record["forward_s"] = take_forward_s
+    TIMELINE.add_counter("forward_s", take_forward_s)
     sites = sync_sites.install(folder)
     if sites is not None:  # LLM42_SYNC_DEBUG=1: a diagnostic, see sync_sites
         logger.info("llm42: counting synchronizing CUDA calls into %s", sites.path)
-        TIMELINE.per_record["syncs"] = sites.take
+        TIMELINE.add_counter("syncs", sites.take)
         TIMELINE.on_flush.append(sites.write)
     if hook_times.enabled():  # LLM42_HOOK_TIMES=1: a diagnostic, see hook_times
         hooks_path = Path(folder) / f"hooks-{os.getpid()}.json"
         logger.info("llm42: hooks' own host time into %s", hooks_path)
-        hook_times.take()  # what ran before the first iteration is not an iteration's
-        TIMELINE.per_record["hook_s"] = hook_times.take
+        TIMELINE.add_counter("hook_s", hook_times.take)
         TIMELINE.on_flush.append(lambda: hook_times.write(hooks_path))
     return TIMELINE
 
