@@ -30,6 +30,15 @@ PREFILL_KINDS = ("prefill", "det_prefill")
 # Decode steps by the requests they hold: a step's cost depends on its batch, and two servers
 # under the same arrivals run different batch sizes (a slower one holds more requests).
 BATCH_BUCKETS = (1, 32, 64, 128, 257)
+# Per-iteration counts some recorders add (`StepTimeline.add_counter`), averaged per kind of
+# iteration: (record key, mean's key, scale, digits, table title).
+PER_RECORD = (
+    ("syncs", "syncs_mean", 1, 2, "synchronizing CUDA calls per iteration"),  # LLM42_SYNC_DEBUG
+    ("hook_s", "hook_mean_ms", 1000, 3, "llm42 hooks' own host time (ms)"),  # LLM42_HOOK_TIMES
+    # host time inside ModelRunner.forward (passes' included), every recorder since issue 34's
+    # sixteenth session
+    ("forward_s", "forward_mean_ms", 1000, 3, "host time in the model forward (ms)"),
+)
 
 
 def load_segments(path: Path) -> list[list[dict]]:
@@ -141,12 +150,9 @@ def summarize(records: list[dict], tail_s: float | None = None) -> dict:
         k["iterations"] += 1
         k["seconds"] += rec.get("dt", 0.0)
         k["launch_s"] += rec.get("launch") or 0.0
-        if "syncs" in rec:  # LLM42_SYNC_DEBUG=1 (llm42.sglang.sync_sites)
-            k["syncs"] = k.get("syncs", 0) + rec["syncs"]
-        if "hook_s" in rec:  # LLM42_HOOK_TIMES=1 (llm42.sglang.hook_times)
-            k["hook_s"] = k.get("hook_s", 0.0) + rec["hook_s"]
-        if "forward_s" in rec:  # host time inside ModelRunner.forward (passes' included)
-            k["forward_s"] = k.get("forward_s", 0.0) + rec["forward_s"]
+        for key, *_ in PER_RECORD:
+            if key in rec:
+                k[key] = k.get(key, 0) + rec[key]
     all_gaps = [g["gap_s"] for g in gaps]
     passes = sum(r.get("passes", 0) for r in records)
     verify_s = sum(r.get("verify_s", 0.0) for r in records)
@@ -161,12 +167,8 @@ def summarize(records: list[dict], tail_s: float | None = None) -> dict:
         "iterations": {k: {"iterations": v["iterations"], "seconds": round(v["seconds"], 3),
                            "mean_ms": round(v["seconds"] / v["iterations"] * 1000, 2),
                            "launch_mean_ms": round(v["launch_s"] / v["iterations"] * 1000, 2),
-                           **({"syncs_mean": round(v["syncs"] / v["iterations"], 2)}
-                              if "syncs" in v else {}),
-                           **({"hook_mean_ms": round(v["hook_s"] / v["iterations"] * 1000, 3)}
-                              if "hook_s" in v else {}),
-                           **({"forward_mean_ms": round(v["forward_s"] / v["iterations"] * 1000,
-                                                       3)} if "forward_s" in v else {})}
+                           **{mean: round(v[key] / v["iterations"] * scale, digits)
+                              for key, mean, scale, digits, _ in PER_RECORD if key in v}}
                        for k, v in sorted(kinds.items())},
         "decode_by_batch": decode_by_batch(records),
         "prefill_split": prefill_split(records),
@@ -290,11 +292,8 @@ def markdown(summaries: dict[str, dict]) -> str:
                          f"{_fmt(o['p50_ms'])} / {_fmt(o['p90_ms'])} ms; in-flight result "
                          f"processed first {d['gaps']}, p50 / p90 {_fmt(d['p50_ms'])} / "
                          f"{_fmt(d['p90_ms'])} ms.")]
-        extra = [(key, title) for key, title in (
-            ("syncs_mean", "synchronizing CUDA calls per iteration"),
-            ("hook_mean_ms", "llm42 hooks' own host time (ms)"),
-            ("forward_mean_ms", "host time in the model forward (ms)"))
-            if any(key in k for k in s["iterations"].values())]
+        extra = [(mean, title) for _, mean, _, _, title in PER_RECORD
+                 if any(mean in k for k in s["iterations"].values())]
         out += ["", "| iteration launched | iterations | seconds | mean (ms) | launch mean (ms) |"
                 + "".join(f" {title} |" for _, title in extra),
                 "|---|---|---|---|---|" + "---|" * len(extra)]
