@@ -43,7 +43,7 @@ class SyncSites:
         self.sites[_site(filename, lineno, frame)] += 1
 
     def take(self) -> int:
-        """Syncs since the last call (a timeline iteration's, `StepTimeline.per_record`)."""
+        """Syncs since the last call (a timeline iteration's, `StepTimeline.add_counter`)."""
         count, self._pending = self._pending, 0
         return count
 
