@@ -43,6 +43,38 @@ def test_an_around_hook_is_charged_its_own_time_not_sglangs(monkeypatch):
     assert hook_times.take() == 2.5 and hook_times.take() == 0.0
 
 
+def test_a_wait_reported_as_not_own_is_charged_to_no_hook(monkeypatch):
+    """The timeline's wait inside process_batch_result's hook is SGLang's wait: not the hook's,
+    and, reported inside SGLang's original under another hook, not taken off that one twice."""
+    clock = Clock()
+    monkeypatch.setattr(hook_times.time, "perf_counter", clock)
+    monkeypatch.setattr(hook_times, "TIMES", {})
+    hook_times.take()
+
+    def waiting(orig):
+        clock.now += 4.0  # the wait for the result's GPU work
+        hook_times.not_own(4.0)
+        clock.now += 0.5  # the hook's own work
+        return orig()
+
+    def process():
+        clock.now += 1.0
+        return "done"
+
+    inner = hook_times.timed("Scheduler.process_batch_result", waiting, around=True)
+    assert inner(process) == "done"
+
+    def outer(orig):
+        clock.now += 0.25
+        return orig()
+
+    timed_outer = hook_times.timed("Scheduler.get_next_batch_to_run", outer, around=True)
+    assert timed_outer(lambda: inner(process)) == "done"
+    assert hook_times.TIMES == {"Scheduler.process_batch_result": [2, 1.0],
+                                "Scheduler.get_next_batch_to_run": [1, 0.25]}
+    assert hook_times.take() == 1.25
+
+
 def test_iterations_carry_their_hooks_time_and_the_summary_tables_it(tmp_path, monkeypatch):
     monkeypatch.setattr(hook_times, "TIMES", {"Sampler.forward": [4, 0.002]})
     pending = [0.0]

@@ -13,6 +13,11 @@ or prefill runs (even through a nested, separately counted ModelRunner.forward),
 (on CPU their computation, on CUDA their launch). So compare plain fast-path iterations, as
 the diagnostic is meant for.
 
+A wait a hook does on behalf of something measured elsewhere is not its own: the step
+timeline's wait for a result's GPU work inside `Scheduler.process_batch_result`'s hook, which
+SGLang's processors would do next anyway, counted 4 ms a call as the hook's in the H100 run
+(`benchmarks/results/h100-2026-12-08-prompt-rows`). Such a hook reports it with `not_own`.
+
 Two clock reads and a closure per call. Off (the default), hooks are registered unwrapped.
 """
 
@@ -27,6 +32,7 @@ from pathlib import Path
 ENV = "LLM42_HOOK_TIMES"
 TIMES: dict[str, list] = {}  # hook name -> [calls, own seconds]
 _PENDING = [0.0]  # own seconds since the last `take`
+_NOT_OWN = [0.0]  # seconds hooks reported with `not_own`, ever (wrappers read the difference)
 
 
 def enabled() -> bool:
@@ -39,13 +45,18 @@ def take() -> float:
     return seconds
 
 
+def not_own(seconds: float) -> None:
+    """Charge `seconds` of the running hook to no hook (a wait measured elsewhere)."""
+    _NOT_OWN[0] += seconds
+
+
 def timed(name: str, hook, around: bool):
     """`hook` counting its own time under `name`; `around`: it gets SGLang's original first."""
     record = TIMES.setdefault(name, [0, 0.0])
     clock = time.perf_counter
 
-    def account(started: float, inner: float) -> None:
-        own = clock() - started - inner
+    def account(started: float, inner: float, not_own_before: float) -> None:
+        own = clock() - started - inner - (_NOT_OWN[0] - not_own_before)
         record[0] += 1
         record[1] += own
         _PENDING[0] += own
@@ -56,24 +67,24 @@ def timed(name: str, hook, around: bool):
 
             def call(*a, **k):
                 nonlocal inner
-                t = clock()
+                t, reported = clock(), _NOT_OWN[0]
                 try:
                     return original(*a, **k)
-                finally:
-                    inner += clock() - t
+                finally:  # SGLang's time, less what hooks inside it reported (not counted twice)
+                    inner += clock() - t - (_NOT_OWN[0] - reported)
 
-            started = clock()
+            started, reported = clock(), _NOT_OWN[0]
             try:
                 return hook(call, *args, **kwargs)
             finally:
-                account(started, inner)
+                account(started, inner, reported)
     else:
         def wrapper(*args, **kwargs):
-            started = clock()
+            started, reported = clock(), _NOT_OWN[0]
             try:
                 return hook(*args, **kwargs)
             finally:
-                account(started, 0.0)
+                account(started, 0.0, reported)
     return functools.update_wrapper(wrapper, hook)
 
 

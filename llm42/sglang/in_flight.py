@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from llm42.sglang import runtime
+from llm42.sglang import hook_times, runtime
 from llm42.sglang.request_state import batch_kind
 
 
@@ -34,6 +34,7 @@ def process_result_hook(original, scheduler, batch, result):
     if done is not None:
         done.synchronize()
     t1 = time.perf_counter()
+    hook_times.not_own(t1 - t0)  # SGLang's processors wait on it first thing
     try:
         return original(scheduler, batch, result)
     finally:
