@@ -43,7 +43,7 @@ SNAPSHOT_KEYS = {
     "inline_prefill_rows",
     "inline_prefill_prompts",
     "inline_prefill_time_s",
-    "inline_prefill_rows_only", "prompt_extend_forwards", "prompt_extend_rows",
+    "inline_prefill_rows_only",
     "folded_passes",
     "fold_missed",
     "schedule_time_s",
@@ -91,8 +91,6 @@ def test_stats_arithmetic() -> None:
     stats.observe_inline_declined()
     stats.observe_inline_prefill(rows=40, launch_seconds=0.5)
     stats.observe_inline_prefill(rows=2, launch_seconds=0.25, rows_only=True)
-    stats.observe_prompt_extend(16)
-    stats.observe_prompt_extend(5)
     for folded in (True, True, False):
         stats.observe_fold(folded)
     stats.observe_inline_prompt()
@@ -132,7 +130,6 @@ def test_stats_arithmetic() -> None:
         "inline_launch_time_s": 0.25, "inline_sample_time_s": 0.125,
         "inline_prefill_steps": 2, "inline_prefill_rows": 42, "inline_prefill_prompts": 1,
         "inline_prefill_time_s": 0.75, "inline_prefill_rows_only": 1,
-        "prompt_extend_forwards": 2, "prompt_extend_rows": 21,
         "folded_passes": 2, "fold_missed": 1,
         "schedule_time_s": 1.5,
         "batch_build_time_s": 0.25,

@@ -23,7 +23,7 @@ ROWS = 8  # R: rows of a row-invariant forward
 def _rt(fold: bool = True, pad_ratio: float = 0.0):
     """Pad ratio 0: no step short of R rows is inline by itself."""
     return SimpleNamespace(inline_verify=True, row_pass_rows=ROWS, stats=Llm42Stats(),
-                           riders=None, folded=None, fold_missed=False, prompt_rows_extend=False,
+                           riders=None, folded=None, fold_missed=False,
                            config=Llm42Config(fold_passes=fold, window_size=W,
                                               verifier="row-invariant",
                                               inline_pad_ratio=pad_ratio))

@@ -33,7 +33,7 @@ def _batch(reqs, positions, mode=ForwardMode.DECODE):
 
 def _rt(pad_ratio: float, inline_prefill: bool = True):
     return SimpleNamespace(inline_verify=True, row_pass_rows=ROWS, stats=Llm42Stats(),
-                           riders=None, folded=None, fold_missed=False, prompt_rows_extend=False,
+                           riders=None, folded=None, fold_missed=False,
                            config=SimpleNamespace(inline_pad_ratio=pad_ratio,
                                                   inline_prefill=inline_prefill,
                                                   fold_passes=True, window_size=8))

@@ -16,7 +16,7 @@ from helpers import PROMPTS, background_requests, concurrently, generate, llm42_
 from helpers import assert_same as assert_same_one
 
 from benchmarks.timeline import load_segments
-from llm42.sglang import prompt_rows, row_pass
+from llm42.sglang import row_pass
 
 SAMPLINGS = [pytest.param({}, id="greedy"),
              pytest.param({"temperature": 0.8, "seed": 5, "sampling": {"top_p": 0.9}},
@@ -37,15 +37,8 @@ def _row_args(window: int, batch: int, rate: float, verifier: str = "row-invaria
             "--context-length", str(CONTEXT)]
 
 
-@pytest.fixture(scope="module", params=["decode", "extend"])
-def prompt_rows_mode(request):
-    """Every test of this module runs on both ways of computing prompt rows
-    (`LLM42_PROMPT_ROWS`, `prompt_rows`): decode rows and extend sequences."""
-    return request.param
-
-
 @pytest.fixture(scope="module")
-def row_server(tiny_model, tmp_path_factory, prompt_rows_mode):
+def row_server(tiny_model, tmp_path_factory):
     """W = 8, B = 4, the prefix cache (on by default under this verifier), 32-token prefill
     chunks, overlap loop, at most ROW_BUDGET rows verified per step (its step timeline
     recorded), every decode step of at most R rows inline, prompts' rows inline with their
@@ -58,13 +51,13 @@ def row_server(tiny_model, tmp_path_factory, prompt_rows_mode):
         "--llm42-inline-pad-ratio", str(INLINE_ALWAYS),
         "--llm42-max-pass-rows-per-step", str(ROW_BUDGET), "--llm42-timeline-dir",
         str(timeline)], "row-invariant", tmp_path_factory,
-        env={"LLM42_TEST_PERTURB_PREFILL": "1", prompt_rows.ENV: prompt_rows_mode})
+        env={"LLM42_TEST_PERTURB_PREFILL": "1"})
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="module")
-def row_server_apart(tiny_model, tmp_path_factory, prompt_rows_mode):
+def row_server_apart(tiny_model, tmp_path_factory):
     """Another layout: W = 16, B = 1, no prefix cache, solo prefills (each deterministic prompt
     in a batch of its own, then verified by prompt rows), 64-token chunks, SGLang's normal
     loop, and NGRAM speculative decoding on the fast path (candidates from speculative steps).
@@ -73,7 +66,7 @@ def row_server_apart(tiny_model, tmp_path_factory, prompt_rows_mode):
         "--no-llm42-batched-prefill", "--no-llm42-prefix-cache", "--chunked-prefill-size", "64",
         "--disable-overlap-schedule",
         "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4"],
-        "row-invariant-apart", tmp_path_factory, env={prompt_rows.ENV: prompt_rows_mode})
+        "row-invariant-apart", tmp_path_factory)
     yield server
     server.stop()
 
@@ -153,12 +146,7 @@ def test_outputs_depend_on_the_request_alone(row_server, row_server_apart, sampl
     # only: the same bits either way (the comparison above)
     assert stats["inline_verify"] is True and stats["inline_verified_tokens"] > 0, stats
     assert stats["inline_misses"] == 0, stats
-    extend = stats["prompt_rows_mode"] == "extend"
-    assert extend == (row_server.env[prompt_rows.ENV] == "extend"), stats["prompt_rows_mode"]
-    assert (stats["prompt_extend_forwards"] > 0) == extend, stats  # inline and by passes
     apart = llm42_stats(row_server_apart.url)
-    assert apart["prompt_rows_mode"] == stats["prompt_rows_mode"]
-    assert (apart["prompt_extend_forwards"] > 0) == extend, apart
     assert apart["verifier"] == "row-invariant", "auto runs row-invariant where it can"
     assert apart["prefix_cache"] is False
     assert apart["inline_verify"] is False and apart["inline_verified_tokens"] == 0, apart

@@ -69,7 +69,7 @@ def rt(monkeypatch):
                                                 max_verify_wait=2),
         decode_step=10, stats=Llm42Stats(), metrics=None, vocab_size=50,
         injector=MismatchInjector(0.0, 0), handled=handled, ledger=DecisionLedger(),
-        riders=None, folded=None, fold_missed=False, prompt_rows_extend=False)
+        riders=None, folded=None, fold_missed=False)
     monkeypatch.setattr(runtime, "RUNTIME", fake)
     monkeypatch.setattr(runtime, "TIMELINE", None)
     return fake

@@ -104,10 +104,6 @@ class Llm42Stats:
     inline_prefill_time_s: float = 0.0
     inline_prefill_rows_only: int = 0  # of those steps, ones whose every row was such a prompt's:
     # SGLang's extend skipped (the rows write all its KV)
-    # LLM42_PROMPT_ROWS=extend (`prompt_rows`): forwards whose rows were prompt entries run as
-    # extend sequences, and those entries
-    prompt_extend_forwards: int = 0
-    prompt_extend_rows: int = 0
     # --llm42-fold-passes: passes whose entries rode in a decode step's padding (counted in
     # verify_passes too), and rounds offered to the next step that it could not take (they ran
     # as passes a step later)
@@ -189,10 +185,6 @@ class Llm42Stats:
         self.inline_prefill_rows += rows
         self.inline_prefill_time_s += launch_seconds
 
-    def observe_prompt_extend(self, rows: int) -> None:
-        self.prompt_extend_forwards += 1
-        self.prompt_extend_rows += rows
-
     def observe_inline_prompt(self) -> None:
         self.inline_prefill_prompts += 1
 
@@ -250,8 +242,6 @@ class Llm42Stats:
             "inline_prefill_prompts": self.inline_prefill_prompts,
             "inline_prefill_time_s": self.inline_prefill_time_s,
             "inline_prefill_rows_only": self.inline_prefill_rows_only,
-            "prompt_extend_forwards": self.prompt_extend_forwards,
-            "prompt_extend_rows": self.prompt_extend_rows,
             "folded_passes": self.folded_passes,
             "fold_missed": self.fold_missed,
             "schedule_time_s": self.schedule_time_s,

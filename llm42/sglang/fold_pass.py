@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from llm42.core.verify_round import PassPlan, job_rows, range_is_fixed, round_plans
-from llm42.sglang import prompt_rows, row_pass, runtime, verifier
+from llm42.sglang import row_pass, runtime, verifier
 from llm42.sglang.request_state import det_state
 
 
@@ -76,8 +76,6 @@ def offer(rt, batch, reqs: list, prefill_coming: bool) -> bool:
         entries += mine
     if len(batch.reqs) + len(entries) > rt.row_pass_rows:
         return False
-    if rt.prompt_rows_extend and prompt_rows.prompt_entries(entries):
-        return False  # a decode step computes decode rows: prompt rows are extend sequences
     rt.riders = Riders(list(reqs), plans, entries, sampled)
     return True
 

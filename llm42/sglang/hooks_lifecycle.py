@@ -16,7 +16,6 @@ from llm42.sglang import (
     inline_verify,
     kv_rollback,
     prefill_faults,
-    prompt_rows,
     row_pass,
     runtime,
     speculation,
@@ -62,11 +61,8 @@ def scheduler_init_hook(result, scheduler, *args, **kwargs):
         config.validate(scheduler.model_config.context_len)  # flags valid for the other one
     if getattr(scheduler, "tp_rank", 0) == 0:
         logger.info("llm42: %s", line)
-    prefill_backend, _ = scheduler.server_args.get_attention_backends()
     runtime.install(scheduler, config, unproven_backend=row_unproven or verdict.unproven_backend,
-                    row_pass_rows=rows,
-                    prompt_rows_extend=rows is not None
-                    and prompt_rows.extend_applies(prefill_backend))
+                    row_pass_rows=rows)
 
 
 def choose_verifier(config, scheduler) -> tuple[str, int | None, str | None, str]:

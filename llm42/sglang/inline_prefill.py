@@ -160,9 +160,8 @@ def run_forward(step: PrefillStep, original, model_runner, forward_batch, *args,
 
 
 def _run_rows(rt, batch, entries: list, kept: list[int], device) -> torch.Tensor | None:
-    """`entries` as the verifier's forwards of R rows (decode rows, or extend sequences under
-    `LLM42_PROMPT_ROWS=extend`, `prompt_rows`); the fp32 logits of the entries at `kept`, in
-    that order (None when none)."""
+    """`entries` as the verifier's decode-row forwards of R rows; the fp32 logits of the
+    entries at `kept`, in that order (None when none)."""
     logits, _ = row_pass.entry_logits(rt.scheduler, batch, entries, kept, rt.row_pass_rows,
-                                      device, rt.prompt_rows_extend)
+                                      device)
     return logits

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from llm42.sglang import prompt_rows, runtime
+from llm42.sglang import runtime
 
 PASS_SPLIT_TILE_SIZE = 4096
 # Prefill attention backends whose passes must not replay SGLang's prefill CUDA graphs.
@@ -68,55 +68,11 @@ def _pinned(backend, **values):
             setattr(backend, name, value)
 
 
-def triton_extend_hook(original, backend, *args, **kwargs):
-    """AROUND TritonAttnBackend.forward_extend: inside a prompt-row extend forward
-    (`prompt_rows`), SGLang's unified 1-stage kernel (its deterministic mode's), whose rows keep
-    their bits wherever a chunk starts and whatever shares the forward; elsewhere, passes
-    included, SGLang's choice (`enable_deterministic` is read by the kernel choice only)."""
-    if not prompt_rows.ACTIVE:
-        return original(backend, *args, **kwargs)
-    with _pinned(backend, enable_deterministic=True):
-        return original(backend, *args, **kwargs)
-
-
-def torch_native_extend_rows_hook(original, backend, query, output, k_cache, v_cache,
-                                  req_to_token, req_pool_indices, seq_lens, extend_prefix_lens,
-                                  extend_seq_lens, encoder_lens=None, *args, **kwargs):
-    """AROUND (CPU only) TorchNativeAttnBackend._run_sdpa_forward_extend: inside a prompt-row
-    extend forward, each query row attends over its own prefix in an SDPA call of its own.
-    SGLang's pads a sequence's queries to its length and lets SDPA block them by that length,
-    so a row's bits change with where its chunk starts; per row they cannot, the property
-    Triton's unified kernel gives on GPU (`triton_extend_hook`). CPU speed is not the point:
-    this keeps the prompt-row forwards' batching, packing and KV writes testable in CI."""
-    if not prompt_rows.ACTIVE or encoder_lens is not None:
-        return original(backend, query, output, k_cache, v_cache, req_to_token,
-                        req_pool_indices, seq_lens, extend_prefix_lens, extend_seq_lens,
-                        encoder_lens, *args, **kwargs)
-    from torch.nn.functional import scaled_dot_product_attention
-
-    scaling, enable_gqa = kwargs.get("scaling"), kwargs.get("enable_gqa", False)
-    start = 0
-    for i in range(seq_lens.shape[0]):
-        prefix, n = int(extend_prefix_lens[i]), int(extend_seq_lens[i])
-        slots = req_to_token[req_pool_indices[i], : prefix + n]
-        keys, values = k_cache[slots].movedim(0, 1), v_cache[slots].movedim(0, 1)
-        for j in range(n):
-            q = query[start + j].unsqueeze(1)  # [heads, 1, dim]
-            end = prefix + j + 1
-            out = scaled_dot_product_attention(
-                q.unsqueeze(0), keys[:, :end].unsqueeze(0).to(q.dtype),
-                values[:, :end].unsqueeze(0).to(q.dtype), scale=scaling, enable_gqa=enable_gqa)
-            output[start + j] = out[0, :, 0]
-        start += n
-    return output
-
-
 def can_run_graph_hook(original, runner, forward_batch) -> bool:
     """AROUND PrefillCudaGraphRunner.can_run_graph: no graph for a pass on a backend whose
     captured plan ignores the fixed split (every pass of such a server runs eagerly, so no
-    verified token is computed both ways), nor for a prompt-row extend forward, whose attention
-    kernel a captured graph might not call (`triton_extend_hook`)."""
-    if runtime.IN_VERIFY_PASS and (passes_run_eager() or prompt_rows.ACTIVE):
+    verified token is computed both ways)."""
+    if runtime.IN_VERIFY_PASS and passes_run_eager():
         return False
     return original(runner, forward_batch)
 

@@ -18,10 +18,10 @@ depend on the other rows (`row_invariance.check_linears` checks that at startup)
 
 Entries are taken row by row in position order, so an entry's predecessors of the same request
 are in its own forward or an earlier one. The price: a window of W entries costs W decode rows
-instead of one extend row of W tokens, and a pass may take several forwards. Under
-`LLM42_PROMPT_ROWS=extend` a pass's prompt entries run first as extend sequences instead
-(`prompt_rows`: a prompt token is never an inline decode step's row, so only its own kind of
-forward must agree with itself).
+instead of one extend row of W tokens, and a pass may take several forwards. (Prompt entries
+as extend sequences over their prefix, with Triton's unified kernel, kept their bits on an H100
+but cost 5.8x the decode rows' deterministic prefill time at ShareGPT 10 %:
+`benchmarks/results/h100-2026-12-08-prompt-rows`.)
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import torch
 
 from llm42.core.decision import PAD_TOKEN_ID
 from llm42.core.planner import VerifyPass
-from llm42.sglang import prompt_rows, runtime, verifier
+from llm42.sglang import runtime, verifier
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
@@ -138,47 +138,31 @@ def launch_row_pass(
     if rows is None:
         raise RuntimeError(f"llm42: the row-invariant verifier has no row shape for {device}")
     entries, sampled = pass_entries(vpass, reqs)
-    rt = runtime.RUNTIME
     logits, graphed = entry_logits(scheduler, decode_batch, entries, [i for _, i in sampled],
-                                   rows, device, rt is not None and rt.prompt_rows_extend)
+                                   rows, device)
     return verifier.LaunchedPass(vpass, reqs, [key for key, _ in sampled], logits, graphed,
                                  time.perf_counter() - t0)
 
 
-def entry_logits(scheduler, batch, entries: list, wanted: list[int], rows: int, device,
-                 prompts_extend: bool) -> tuple[torch.Tensor | None, bool]:
+def entry_logits(scheduler, batch, entries: list, wanted: list[int], rows: int,
+                 device) -> tuple[torch.Tensor | None, bool]:
     """The fp32 logits of `entries[i]` (request, position, token) for each i in `wanted`, in
-    that order (None when none), and whether a CUDA graph replayed. With `prompts_extend` the
-    prompt entries run first, as extend sequences (`prompt_rows`), then the others as decode
-    rows; otherwise all as decode rows. R rows a forward, in entry order within each kind, so
-    an entry's predecessors of its request run before it (a prompt's come before its
-    generated tokens')."""
-    prompt = prompt_rows.prompt_entries(entries) if prompts_extend else []
-    in_prompt = set(prompt)
-    others = [i for i in range(len(entries)) if i not in in_prompt]
+    that order (None when none), and whether a CUDA graph replayed: the entries as decode rows,
+    R a forward in entry order, so an entry's predecessors of its request run before it."""
     wanted_set = set(wanted)
     picked, order = [], []
     graphed = False
-    for kind, indices in (("extend", prompt), ("decode", others)):
-        for start in range(0, len(indices), rows):
-            chunk = indices[start : start + rows]
-            if kind == "extend":
-                out = prompt_rows.forward(scheduler, batch, [entries[i] for i in chunk], rows,
-                                          device)
-                if runtime.RUNTIME is not None:
-                    runtime.RUNTIME.stats.observe_prompt_extend(len(chunk))
-            else:
-                out, ran_graph = _forward(scheduler, batch, [entries[i] for i in chunk], rows,
-                                          device)
-                graphed = graphed or ran_graph
-            # Copied out before the next forward: a replayed decode graph returns its static
-            # output buffer, which that forward overwrites (as a fixed-shape pass copies at
-            # launch).
-            keep = [j for j, i in enumerate(chunk) if i in wanted_set]
-            if keep:
-                index = verifier.to_device(keep, torch.int64, device)
-                picked.append(out.index_select(0, index).float())
-                order += [chunk[j] for j in keep]
+    for start in range(0, len(entries), rows):
+        chunk = entries[start : start + rows]
+        out, ran_graph = _forward(scheduler, batch, chunk, rows, device)
+        graphed = graphed or ran_graph
+        # Copied out before the next forward: a replayed decode graph returns its static output
+        # buffer, which that forward overwrites (as a fixed-shape pass copies at launch).
+        keep = [j for j in range(len(chunk)) if start + j in wanted_set]
+        if keep:
+            index = verifier.to_device(keep, torch.int64, device)
+            picked.append(out.index_select(0, index).float())
+            order += [start + j for j in keep]
     if not picked:
         return None, graphed
     found = torch.cat(picked)

@@ -41,8 +41,7 @@ def take_forward_s() -> float:
 
 class Llm42Runtime:
     def __init__(self, scheduler: Scheduler, config: Llm42Config,
-                 unproven_backend: str | None = None, row_pass_rows: int | None = None,
-                 prompt_rows_extend: bool = False):
+                 unproven_backend: str | None = None, row_pass_rows: int | None = None):
         self.scheduler = scheduler
         self.config = config
         # Rows of each row-invariant pass forward on this device (None: fixed-shape passes).
@@ -53,9 +52,6 @@ class Llm42Runtime:
         self.inline_verify = (config.uses_inline_verify and row_pass_rows is not None
                               and getattr(server_args, "speculative_algorithm", None) is None
                               and not getattr(server_args, "enable_dp_attention", False))
-        # `LLM42_PROMPT_ROWS=extend` in effect (`prompt_rows`): prompt entries of row-invariant
-        # forwards run as extend sequences
-        self.prompt_rows_extend = prompt_rows_extend
         # An attention backend without a determinism proof, started with
         # --llm42-allow-unproven-backend (see backend_gate); None: every backend is proven.
         self.unproven_backend = unproven_backend
@@ -121,7 +117,6 @@ class Llm42Runtime:
             benchmark_mode_refusal=self.mode_refusal,
             unproven_backend=self.unproven_backend,
             row_pass_rows=self.row_pass_rows,
-            prompt_rows_mode="extend" if self.prompt_rows_extend else "decode",
             inline_verify=self.inline_verify,  # in effect (the flag, less what this server lacks)
             timeline=timeline_path(),
             rank_ledgers=[self.ledger_entry()],  # every TP rank's: `tp_share.gather_ledgers`
@@ -157,11 +152,9 @@ def timeline_path() -> str | None:
 
 
 def install(scheduler: Scheduler, config: Llm42Config,
-            unproven_backend: str | None = None, row_pass_rows: int | None = None,
-            prompt_rows_extend: bool = False) -> Llm42Runtime:
+            unproven_backend: str | None = None, row_pass_rows: int | None = None) -> Llm42Runtime:
     global RUNTIME
-    RUNTIME = Llm42Runtime(scheduler, config, unproven_backend, row_pass_rows,
-                           prompt_rows_extend)
+    RUNTIME = Llm42Runtime(scheduler, config, unproven_backend, row_pass_rows)
     if unproven_backend is not None:
         logger.warning("llm42 runs on attention backend %s, which has no determinism proof "
                        "(--llm42-allow-unproven-backend): deterministic requests may depend on "
