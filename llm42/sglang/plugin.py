@@ -4,7 +4,8 @@ SGLang calls `register()` in the launcher, the tokenizer manager's process and e
 subprocess, then applies the hooks. The hook list is data (`patches/`); this module only turns it
 into `HookRegistry` registrations. If the installed SGLang does not match the manifest, only the
 CLI hooks are registered, so `--enable-llm42` stops the launch with the list of mismatches
-instead of running on unknown code.
+instead of running on unknown code. Nor are more registered in the schedulers of a server that
+needs none of llm42's runtime hooks (`HOOKS_ENV`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,14 @@ _CLI_TARGETS = {
     "sglang.srt.server_args.ServerArgs.add_cli_args",
     "sglang.srt.server_args.ServerArgs.from_cli_args",
 }
+# Whether the schedulers of this server register llm42's runtime hooks: the launcher decides from
+# its flags (`server_args.from_cli_args_hook`, `record_hooks_decision`) and writes it into its
+# environment, which the scheduler processes it spawns afterwards inherit. HOOKS_CLI: the server
+# runs plain SGLang (no flag of `server_args.RUNTIME_HOOK_FLAGS`), so its schedulers register the
+# CLI hooks only and pay no hook on any step; unset or HOOKS_ALL: every hook of patches/.
+HOOKS_ENV = "LLM42_HOOKS"
+HOOKS_ALL = "all"
+HOOKS_CLI = "cli"
 
 
 def register() -> None:
@@ -58,6 +67,9 @@ def register() -> None:
     if problems:
         logger.error("llm42 disabled: sglang %s does not match patches/: %s", version, problems)
         specs = [s for s in specs if s.target in _CLI_TARGETS]
+    elif _cli_hooks_only():
+        # the CPU engine's shims stay: a plain server on a CPU-only host needs them too
+        specs = [s for s in specs if s.target in _CLI_TARGETS or s.type in CPU_ONLY_TYPES]
 
     types = {
         "before": HookType.BEFORE,
@@ -80,6 +92,31 @@ def register() -> None:
                 hook = hook_times.timed(".".join(spec.target.rsplit(".", 2)[-2:]), hook,
                                         around=types[spec.type] == HookType.AROUND)
             HookRegistry.register(spec.target, hook, types[spec.type])
+
+
+def _cli_hooks_only() -> bool:
+    """Whether the launcher that started this process decided its server needs no runtime hook.
+
+    Only a multiprocessing child (a scheduler) obeys HOOKS_ENV. A launcher, started otherwise,
+    registers every hook before it parses its flags whatever it inherited, so a value left in
+    the environment of what started it (a shell, a test process, an earlier launch) can never
+    strip an llm42 launch of its tokenizer manager's hooks; it writes its own decision before it
+    spawns a scheduler."""
+    import multiprocessing
+
+    return os.environ.get(HOOKS_ENV) == HOOKS_CLI and multiprocessing.parent_process() is not None
+
+
+def record_hooks_decision(needed: bool) -> None:
+    """The launcher's decision (`from_cli_args_hook`, flags parsed) for the schedulers it spawns.
+
+    Written only where SGLang's `ServerArgs.from_cli_args` is hooked, i.e. in a process that
+    loaded the plugins to launch a server: a test that calls the hook directly leaves os.environ
+    alone, so no later server or engine of the test process inherits another test's flags."""
+    from sglang.srt.server_args import ServerArgs
+
+    if getattr(ServerArgs.from_cli_args, "__wrapped__", None) is not None:
+        os.environ[HOOKS_ENV] = HOOKS_ALL if needed else HOOKS_CLI
 
 
 def _cpu_engine() -> bool:

@@ -45,6 +45,10 @@ FLAG_DEFAULTS = {
     **{dest(f.metadata["flag"]): f.default for f in setting_fields()},
     "llm42_timeline_dir": None,
 }
+# The flags of a server whose schedulers need llm42's runtime hooks; without any of them they
+# register none (`plugin.HOOKS_ENV`). The settings do nothing without --enable-llm42
+# (`config_from_server_args`); --llm42-timeline-dir records a baseline server's step timeline.
+RUNTIME_HOOK_FLAGS = ("enable_llm42", "llm42_timeline_dir")
 
 
 def _argparse_kwargs(field, annotation) -> dict:
@@ -120,6 +124,9 @@ def from_cli_args_hook(original, cls, args: argparse.Namespace):
         if verdict.message:
             print(f"llm42: warning: {verdict.message}", file=sys.stderr)
     server_args.override("llm42", **values)
+    from llm42.sglang.plugin import record_hooks_decision
+
+    record_hooks_decision(any(values[k] for k in RUNTIME_HOOK_FLAGS))
     return server_args
 
 
