@@ -15,6 +15,10 @@ with fewer NUMA nodes than ranks. ``--dp-size`` needs nothing more:
 
 ``stop()`` interrupts the launcher, which takes its process tree down, then signals the group,
 SIGKILLs whatever is left and checks that every process it saw is gone.
+
+``prestart()`` launches a server gated (``llm42.sglang.start_gate``): it imports SGLang and its
+scheduler waits before any GPU work; ``start()`` then opens the gate and waits for ``/health``. A
+benchmark driver overlaps the next server's imports with the current one's run that way.
 """
 
 from __future__ import annotations
@@ -152,6 +156,7 @@ class SGLangServer:
         self.env.update(env or {})
         self._process: subprocess.Popen[bytes] | None = None
         self._seen_pids: set[int] = set()
+        self._gate: Path | None = None  # set by prestart() until start() opens it
 
     # -- properties ----------------------------------------------------------------------------
     @property
@@ -187,12 +192,35 @@ class SGLangServer:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
+    def prestart(self) -> None:
+        """Launch the server gated: it imports SGLang, then its scheduler waits before any GPU
+        work until ``start()`` opens the gate (``llm42.sglang.start_gate``)."""
+        if self._process is not None:
+            raise RuntimeError(f"server already started (pid {self._process.pid})")
+        self._gate = self._log_path.with_name(self._log_path.name + ".gate")
+        self._gate.unlink(missing_ok=True)
+        self._launch()
+
     def start(self) -> None:
-        """Launch the server and block until ``/health`` is 200 (or raise SGLangServerError).
+        """Launch the server (or open a prestarted one's gate) and block until ``/health`` is
+        200 (or raise SGLangServerError); the startup timeout counts from here.
 
         A port this object chose itself and another process bound in the meantime (servers
         started side by side pick their internal ports while ours waits) is replaced by a new
         free one, up to ``_PORT_RETRIES`` times."""
+        if self._gate is not None and self._process is not None:
+            gate, self._gate = self._gate, None
+            gate.touch()
+            try:
+                self._wait_until_healthy()
+                return
+            except _PortTaken:
+                self.stop()  # launched again below, ungated
+            except BaseException:
+                self.stop()
+                raise
+            finally:
+                gate.unlink(missing_ok=True)  # every process has passed it (or is gone)
         if self._process is not None:
             raise RuntimeError(f"server already started (pid {self._process.pid})")
         retries = _PORT_RETRIES if self._port_chosen else 0
@@ -211,13 +239,18 @@ class SGLangServer:
                 raise
 
     def _launch(self) -> None:
+        from llm42.sglang import start_gate
+
+        env = dict(self.env)
+        if self._gate is not None:
+            env[start_gate.ENV] = str(self._gate)
         with open(self._log_path, "wb") as log:
             self._process = subprocess.Popen(
                 self.args,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=self.env,
+                env=env,
                 start_new_session=True,  # own process group: stop() reaches every child
             )
 
@@ -236,6 +269,9 @@ class SGLangServer:
            see a "crashed" scheduler and sleep 5 s for crash diagnostics.)
         2. SIGTERM to the group for whatever is still alive, then SIGKILL after ``grace_s``.
         """
+        if self._gate is not None:  # prestarted, never opened: a later start() is ungated
+            self._gate.unlink(missing_ok=True)
+            self._gate = None
         process = self._process
         if process is None:
             return

@@ -158,6 +158,63 @@ def test_driver_runs_every_workload_on_each_server_start(tmp_path, monkeypatch):
         assert sum("0.800x" in ln for ln in rows) == 1, "llm42 normalised to its workload's nondet"
 
 
+def test_driver_prestarts_each_next_server_and_opens_it_after_the_current_stops(tmp_path,
+                                                                                monkeypatch):
+    """--prestart-next: the next config's server is launched gated once the current one is up,
+    opened only after the current one has stopped, and stopped unopened when the time budget
+    skips its config."""
+    from benchmarks import driver
+    from benchmarks.env_info import append_jsonl
+    from llm42 import server_process
+
+    events, ports = [], []
+    names = iter("ABCD")
+
+    class FakeServer(_FakeServer):
+        def __init__(self, model_path, flags, **kwargs):
+            super().__init__(model_path, flags, **kwargs)
+            self.name = next(names)
+            ports.append(kwargs.get("port"))
+
+        def prestart(self):
+            events.append(("prestart", self.name))
+
+        def start(self):
+            events.append(("start", self.name))
+
+        def stop(self):
+            events.append(("stop", self.name))
+
+    def fake_bench(self, cfg, url, wl, ratio, repeat=0):
+        events.append(("bench", cfg.label))
+        append_jsonl(self.results, result_row(cfg.config, ratio, 10.0, **cfg.meta))
+
+    monkeypatch.setattr(server_process, "SGLangServer", FakeServer)
+    monkeypatch.setattr(driver.Driver, "bench", fake_bench)
+    assert driver.main([
+        "--model-path", "m", "--out-dir", str(tmp_path), "--configs", "nondet,sglang-det,llm42",
+        "--det-ratios", "0.5", "--window-sizes", "8", "--prestart-next", "--port", "30000",
+        "--bench-args", "--num-prompts 6"]) == 0
+    assert events == [
+        ("start", "A"), ("prestart", "B"), ("bench", "nondet"), ("stop", "A"),
+        ("start", "B"), ("prestart", "C"), ("bench", "sglang-det"), ("stop", "B"),
+        ("start", "C"), ("bench", "llm42-w8"), ("stop", "C")]
+    assert ports == [30000, None, None], "a prestarted server takes a free port of its own"
+
+    events.clear()
+    names = iter("ABCD")
+    monkeypatch.setattr(driver.Driver, "expected_run_s",  # llm42's run cannot fit the budget
+                        lambda self, cfg, wl, ratio: 1e9 if cfg.config == "llm42" else 1.0)
+    assert driver.main([
+        "--model-path", "m", "--out-dir", str(tmp_path / "budget"), "--configs", "nondet,llm42",
+        "--det-ratios", "0.5", "--window-sizes", "8", "--prestart-next", "--budget-s", "600",
+        "--min-config-s", "1", "--bench-args", "--num-prompts 6"]) == 0
+    assert events[:3] == [("start", "A"), ("prestart", "B"), ("bench", "nondet")], events
+    assert events[3:] == [("stop", "A"), ("stop", "B")], "skipped: stopped, never opened"
+    skipped = [r for r in read_results(tmp_path / "budget") if r["skipped"]]
+    assert [r["config"] for r in skipped] == ["llm42"], skipped
+
+
 def test_driver_switches_variants_on_the_llm42_server(tmp_path, monkeypatch):
     """--switch-variants: the comparison-skipped and injected rows run on the plain llm42
     server (one start, with --llm42-benchmark-modes), each after a switch the server confirmed;

@@ -1,5 +1,6 @@
-"""One real driver run (nondet + sglang-det refused on CPU + llm42 at ratio 0.5, windows 8
-and 16 switched on one server) on the tiny random Llama, shared by the tests below.
+"""One real driver run (nondet + llm42 at ratio 0.5, windows 8 and 16 switched on one server +
+sglang-det refused on CPU, each next server prestarted) on the tiny random Llama, shared by the
+tests below.
 
 That run has one workload: each workload costs a `bench_serving` process per server; the
 driver's loop over several workloads per server start runs without SGLang in
@@ -25,7 +26,10 @@ def driver_run(tiny_model, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("driver")
     code = driver.main([
         "--model-path", tiny_model, "--out-dir", str(out),
-        "--configs", "nondet,sglang-det,llm42,llm42-inject", "--det-ratios", "0.5",
+        # each next server prestarted (gated) while the current one runs: llm42's during
+        # nondet's run, sglang-det's (refused on CPU when its gate opens) during llm42's
+        "--configs", "nondet,llm42,llm42-inject,sglang-det", "--prestart-next",
+        "--det-ratios", "0.5",
         "--window-sizes", "8,16", "--verify-batch-size", "4",
         # one llm42 start (W = 16) for both windows and the injected rows, switched at runtime
         "--switch-variants", "--variant-ratios", "1.0", "--inject-mismatch-rate", "1.0",
@@ -108,7 +112,8 @@ def test_driver_table_plots_and_commands(driver_run):
     commands = (driver_run / "commands.txt").read_text()
     assert commands.count("sglang.launch_server") == 3, "the switched rows need no start"
     assert commands.count("benchmarks.bench_serving") == 5
-    assert (driver_run / "server_llm42-w16.log").stat().st_size > 0
+    llm42_log = (driver_run / "server_llm42-w16.log").read_text()
+    assert " at the start gate" in llm42_log, "llm42's scheduler did not wait for nondet's stop"
     # --report-only regenerates the same table from the JSONL
     from benchmarks import driver
 

@@ -52,6 +52,13 @@ def test_estimate_prices_a_planned_call_from_recorded_runs(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [float(ln.split()[2]) for ln in lines[:-1]] == [5, 50, 30, 30, 30]
     assert "ratio 0 repeat 2" in lines[-2]
+    # --prestart-next: every start after the first has its imports done
+    plan.write_text(json.dumps(argv + ["--prestart-next"]))
+    assert estimate.main([str(plan), "--budget-s", "1000", *base,
+                          "--prestarted-start-s", "20"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [float(ln.split()[2]) for ln in lines[:-1]][:5] == [5, 50, 60, 20, 80]
+    assert "start llm42-w64 (prestarted)" in lines[3]
 
 
 def test_estimate_prices_each_window_of_a_sweep_from_its_own_rows(tmp_path):

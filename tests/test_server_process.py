@@ -7,6 +7,7 @@ on a server of its own here: a CPU server start costs about as much as all of th
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -136,5 +137,56 @@ def test_a_port_taken_before_sglang_binds_it_is_replaced(tmp_path):
         assert server.port != first and int((tmp_path / "tried").read_text()) == first
         assert server.args[server.args.index("--port") + 1] == str(server.port)
         assert time.monotonic() - started < 30, "the bind error must be seen, not timed out"
+    finally:
+        server.stop()
+
+
+GATED_SCRIPT = '''\
+import http.server, json, multiprocessing, sys, time
+from llm42.sglang import start_gate
+
+def child(out):  # as SGLang's scheduler: register() waits before any GPU work
+    json.dump({"waited": start_gate.wait(is_main_process=False), "at": time.time()},
+              open(out, "w"))
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+
+if __name__ == "__main__":
+    port, out = int(sys.argv[sys.argv.index("--port") + 1]), sys.argv[1]
+    assert start_gate.wait(is_main_process=True) == 0.0  # the launcher goes on to spawn
+    multiprocessing.set_start_method("spawn")
+    proc = multiprocessing.Process(target=child, args=(out,))
+    proc.start(); proc.join()
+    http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+'''
+
+
+def test_a_prestarted_server_waits_at_the_gate_until_start(tmp_path):
+    """prestart(): the server's subprocess waits at the gate (llm42.sglang.start_gate) however
+    long the current run takes; start() opens it and the server becomes healthy; a server
+    started without prestart() is not gated."""
+    script, out = tmp_path / "gated.py", tmp_path / "child.json"
+    script.write_text(GATED_SCRIPT)
+    repo = str(Path(__file__).resolve().parents[1])
+    server = SGLangServer(tmp_path / "no-model", device="cpu", log_path=tmp_path / "gated.log",
+                          startup_timeout=60, env={"PYTHONPATH": repo})
+    server.args = [sys.executable, str(script), str(out), "--port", str(server.port)]
+    try:
+        server.prestart()
+        time.sleep(3.0)
+        assert server.is_running() and not out.exists(), "the child passed a closed gate"
+        opened = time.time()
+        server.start()
+        seen = json.loads(out.read_text())
+        assert seen["waited"] > 2.0 and seen["at"] >= opened, seen
+        assert not any(p.name.endswith(".gate") for p in tmp_path.iterdir()), "gate left behind"
+    finally:
+        server.stop()
+    out.unlink()
+    server.start()  # plain start: no gate, so the child goes straight on
+    try:
+        assert json.loads(out.read_text())["waited"] == 0.0
     finally:
         server.stop()

@@ -130,14 +130,20 @@ def _name(row: dict) -> str:
 
 
 def price_driver(argv: list[str], rows: list[dict], start_s: float, overhead_s: float,
-                 unknown_s: float) -> list[Priced]:
+                 unknown_s: float, prestarted_start_s: float | None = None) -> list[Priced]:
+    """Each start at `start_s`; with --prestart-next every start after the first at
+    `prestarted_start_s` (its imports done while the previous config ran)."""
     args = driver.build_parser().parse_args(argv)
     bench_args = shlex.split(args.bench_args or "")
     workloads = [driver.workload_label(shlex.split(w), bench_args)
                  for w in (args.workload or ["--dataset-name sharegpt"])]
     out = []
-    for cfg in driver.server_configs(args):
-        out.append(Priced(f"start {cfg.label}", start_s, "--start-s"))
+    for i, cfg in enumerate(driver.server_configs(args)):
+        if i and args.prestart_next and prestarted_start_s is not None:
+            out.append(Priced(f"start {cfg.label} (prestarted)", prestarted_start_s,
+                              "--prestarted-start-s"))
+        else:
+            out.append(Priced(f"start {cfg.label}", start_s, "--start-s"))
         for each in [cfg, *cfg.switched]:
             for wl in workloads:
                 for ratio, repeat in itertools.product(each.ratios, range(args.repeats)):
@@ -239,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--setup-s", type=float, default=30.0,
                    help="the suite's install and kernel-cache restore, once per call")
     p.add_argument("--start-s", type=float, default=100.0, help="seconds per server start")
+    p.add_argument("--prestarted-start-s", type=float, default=None,
+                   help="seconds per server start after a driver step's first with "
+                        "--prestart-next (default: --start-s less driver.PRESTART_SAVES_S)")
     p.add_argument("--run-overhead-s", type=float, default=20.0)
     p.add_argument("--unknown-run-s", type=float, default=120.0)
     p.add_argument("--row-invariance-s", type=float, default=180.0,
@@ -254,8 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     for line in Path(args.dry_run).read_text(encoding="utf-8").splitlines():
         cmd = json.loads(line)
         if cmd[:2] == ["-m", "benchmarks.driver"]:
+            prestarted = (args.prestarted_start_s if args.prestarted_start_s is not None
+                          else max(args.start_s - driver.PRESTART_SAVES_S, 0.0))
             priced += price_driver(cmd[2:], rows, args.start_s, args.run_overhead_s,
-                                   args.unknown_run_s)
+                                   args.unknown_run_s, prestarted)
         elif cmd[:2] == ["-m", "benchmarks.determinism_proof"]:
             priced += price_proof(cmd[2:], proofs, args.start_s, args.proof_trial_s)
         elif cmd[:2] == ["-m", "benchmarks.row_invariance"]:

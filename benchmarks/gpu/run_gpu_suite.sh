@@ -170,6 +170,10 @@
 #   REPEATS=1 (N: every config, workload and ratio of a driver step runs N times in a row on its
 #   server, rows numbered by `repeat`, baselines the mean of their runs: a fresh server's first
 #   run against its later ones, and the spread between runs)
+#   PRESTART=0 (1: each next server of a driver step is launched gated while the current one
+#   runs, so its ~50 s of Python imports overlap that run on the host's spare cores and only its
+#   GPU work waits for the current server to stop: `benchmarks.driver --prestart-next`,
+#   llm42.sglang.start_gate; a results README says the rows ran beside those imports)
 #   SWITCH_VARIANTS=1 (llm42-skip-compare / llm42-inject and the other windows of
 #   --window-sizes run on the llm42 server of the step, switched by POST /llm42_benchmark_mode:
 #   a server start saved per variant and window, ~100 s each; 0: one start each)
@@ -253,6 +257,7 @@ IMPORT_PROFILE=${IMPORT_PROFILE:-0}
 PROFILE_STEPS=${PROFILE_STEPS:-0}
 PROFILE_RUNNING=${PROFILE_RUNNING:-200}
 SWITCH_VARIANTS=${SWITCH_VARIANTS:-1}
+PRESTART=${PRESTART:-0}
 REPEATS=${REPEATS:-1}
 WARMUP_ARG=${WARMUP_REQUESTS:+ --warmup-requests $WARMUP_REQUESTS}
 PREFILL_GRAPH_ARG=--cuda-graph-backend-prefill=disabled
@@ -420,6 +425,7 @@ driver() {  # $1 = step name, $2 = model, $3 = configs, $4 = ratios, then driver
   (( PROFILE_STEPS > 0 )) && llm42_args+=(--profile-steps "$PROFILE_STEPS" --profile-running "$PROFILE_RUNNING")
   [[ $SWITCH_VARIANTS == 1 ]] && llm42_args+=(--switch-variants)
   (( REPEATS > 1 )) && llm42_args+=(--repeats "$REPEATS")
+  [[ $PRESTART == 1 ]] && llm42_args+=(--prestart-next)
   budget=$(( $(remaining) - 20 ))  # leave time to pack the results
   if (( budget < MIN_CONFIG_S )); then log "step $step: skipped, only ${budget}s left"; return 1; fi
   [[ $model == "$MODEL_8B" || $SMOLLM2_WEIGHTS == dummy && $model == "$MODEL_SMOL" ]] && fmt="--load-format dummy"
