@@ -189,12 +189,14 @@ def summarize(records: list[dict], tail_s: float | None = None) -> dict:
 
 
 def decode_by_batch(records: list[dict]) -> dict:
-    """Plain decode iterations (no pass, no folded rows) by the requests in the batch: each
+    """Plain decode iterations (no pass, no folded rows, no inline verification) by the
+    requests in the batch: each
     bucket's count, mean length and mean host time to launch."""
     out = {}
     for lo, hi in itertools.pairwise(BATCH_BUCKETS):
         mine = [r for r in records if r.get("kind") == "decode" and not r.get("passes")
-                and not r.get("folded_rows") and lo <= (r.get("reqs") or 0) < hi]
+                and not r.get("folded_rows") and not r.get("inline")
+                and lo <= (r.get("reqs") or 0) < hi]
         if mine:
             out[f"{lo}-{hi - 1}"] = {
                 "iterations": len(mine),
@@ -343,9 +345,12 @@ def sync_sites_markdown(paths: list[Path], top: int = 15) -> str:
 def hook_times_markdown(paths: list[Path], top: int = 15) -> str:
     """The `hooks-<pid>.json` files of `llm42.sglang.hook_times` (LLM42_HOOK_TIMES=1): each
     hook's own host time over the scheduler process's life (warm-up included)."""
+    from llm42.sglang.hook_times import BY_ITERATION
+
     out = []
     for path in paths:
         body = json.loads(path.read_text())
+        by_class = body.pop(BY_ITERATION, {})
         out += [f"## llm42 hooks' own host time: {path.stem}", "",
                 f"The {top} hooks with the most (an AROUND hook's time less SGLang's original "
                 "inside it):", "", "| hook | calls | own (s) | own per call (us) |",
@@ -353,6 +358,17 @@ def hook_times_markdown(paths: list[Path], top: int = 15) -> str:
         out += [f"| `{name}` | {h['calls']} | {h['own_s']} | {_fmt(h['own_us_per_call'])} |"
                 for name, h in list(body.items())[:top]]
         out.append("")
+        if by_class:
+            out += ["Per timeline iteration, by what it launched ('pass': it also ran a pass or "
+                    "drained a result for one; 'inline': an inline verification):", "",
+                    "| iteration | iterations | own per iteration (us) | the three largest (us) |",
+                    "|---|---|---|---|"]
+            for cls, entry in by_class.items():
+                hooks = entry["own_us_per_iteration"]
+                largest = ", ".join(f"`{n}` {v}" for n, v in list(hooks.items())[:3])
+                out.append(f"| {cls} | {entry['iterations']} | "
+                           f"{round(sum(hooks.values()), 2)} | {largest} |")
+            out.append("")
     return "\n".join(out)
 
 

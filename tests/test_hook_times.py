@@ -106,6 +106,55 @@ def test_iterations_carry_their_hooks_time_and_the_summary_tables_it(tmp_path, m
     assert "| `Sampler.forward` | 4 | 0.002 | 500 |" in text
 
 
+def test_hooks_time_is_split_by_the_class_of_iteration_it_fell_in(tmp_path, monkeypatch):
+    """A plain decode step's hooks apart from a step with a pass and one verifying inline (the
+    H100 totals mixed them); an idle poll's time goes to no class; the report tables the split."""
+    clock = Clock()
+    monkeypatch.setattr(hook_times.time, "perf_counter", clock)
+    monkeypatch.setattr(hook_times, "TIMES", {})
+    monkeypatch.setattr(hook_times, "BY_CLASS", {})
+    hook_times.take()
+
+    def spend(seconds):
+        def around(orig):
+            clock.now += seconds
+            return orig()
+        return around
+
+    planner = hook_times.timed("Scheduler.get_next_batch_to_run", spend(0.0002), around=True)
+    forward = hook_times.timed("ModelRunner.forward", spend(0.0015), around=True)
+    timeline = StepTimeline(tmp_path / "timeline-5.jsonl", clock=clock)
+    timeline.add_counter("hook_s", hook_times.take)
+    timeline.on_close.append(hook_times.attribute)
+    for kind, passes, inline in [("decode", 0, False), ("decode", 0, False), ("decode", 1, False),
+                                 ("decode", 0, True), (None, 0, False), ("decode", 0, False)]:
+        timeline.begin()
+        planner(lambda: None)
+        if passes:
+            timeline.observe_pass(4, 0, 0.01)
+        if inline:
+            timeline.observe_inline()
+            forward(lambda: None)
+        timeline.launched(kind, reqs=4, tokens=4, running=4, queued=0)
+    timeline.begin()  # closes the last record
+    by_class = {cls: (n, {k: round(v, 6) for k, v in hooks.items()})
+                for cls, (n, hooks) in hook_times.BY_CLASS.items()}
+    assert by_class == {
+        "decode": (3, {"Scheduler.get_next_batch_to_run": 0.0006}),
+        "decode pass": (1, {"Scheduler.get_next_batch_to_run": 0.0002}),
+        "decode inline": (1, {"Scheduler.get_next_batch_to_run": 0.0002,
+                              "ModelRunner.forward": 0.0015})}
+    hook_times.write(tmp_path / "hooks-5.json", min_interval_s=0.0)
+    timeline.close()
+    assert main([str(tmp_path), "--out-dir", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "timeline.md").read_text()
+    assert "| decode | 3 | 200.0 | `Scheduler.get_next_batch_to_run` 200.0 |" in text
+    assert "| decode inline | 1 | 1700.0 | `ModelRunner.forward` 1500.0," in text
+    plain = summarize([json.loads(x) for x in (tmp_path / "timeline-5.jsonl").read_text()
+                       .splitlines() if '"kind"' in x])["decode_by_batch"]
+    assert plain["1-31"]["iterations"] == 3, "the pass and the inline step are not plain"
+
+
 def test_register_wraps_every_hook_only_when_asked(monkeypatch):
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 

@@ -41,6 +41,7 @@ class StepTimeline:
         # name -> callable giving what was counted since its last call, for each record as it
         # closes (the diagnostics' syncs and hooks' time)
         self.per_record: dict = {}
+        self.on_close: list = []  # callables given each record as it closes, counts included
 
     def add_counter(self, name: str, take) -> None:
         """Each record gets `name`: what `take()` counted since its last call. What it counted
@@ -54,8 +55,8 @@ class StepTimeline:
         self._close(now)
         self._open = {"t": round(now - self._t0, 6), "kind": None, "passes": 0, "rows": 0,
                       "prompt_rows": 0, "verify_s": 0.0, "drained": False, "overlapped": 0,
-                      "folded": 0, "folded_s": 0.0, "folded_rows": 0, "result_kind": None,
-                      "result_wait": 0.0, "result_s": 0.0}
+                      "folded": 0, "folded_s": 0.0, "folded_rows": 0, "inline": False,
+                      "result_kind": None, "result_wait": 0.0, "result_s": 0.0}
 
     def observe_pass(self, num_real_rows: int, num_prompt_rows: int, seconds: float,
                      folded: bool = False) -> None:
@@ -74,6 +75,12 @@ class StepTimeline:
         """The batch this iteration launches carries `num_rows` rows of a folded pass."""
         if self._open is not None:
             self._open["folded_rows"] += num_rows
+
+    def observe_inline(self) -> None:
+        """The decode batch this iteration launches verifies deterministic rows inline (a
+        row-invariant forward of R rows, `inline_verify`): not a plain step."""
+        if self._open is not None:
+            self._open["inline"] = True
 
     def observe_drain(self) -> None:
         """The overlap loop's in-flight result was processed early, before a pass."""
@@ -117,6 +124,8 @@ class StepTimeline:
         rec["dt"] = round(now - self._t0 - rec["t"], 6)
         for name, value in self.per_record.items():
             rec[name] = round(value(), 6)
+        for call in self.on_close:
+            call(rec)
         self._pending.append(json.dumps(rec, separators=(",", ":")))
         if len(self._pending) >= self._flush_every:
             self.flush()

@@ -148,6 +148,8 @@ def plan_step(rt, batch) -> None:
     if eligible or riders is not None:
         _LAUNCH = InlineStep(batch, list(batch.reqs), [n - 1 for n in seq_lens], eligible,
                              riders)
+        if runtime.TIMELINE is not None:
+            runtime.TIMELINE.observe_inline()
 
 
 def _abandon(step: _Step) -> None:

@@ -143,6 +143,7 @@ def install_timeline(folder: str | Path) -> StepTimeline:
         hooks_path = Path(folder) / f"hooks-{os.getpid()}.json"
         logger.info("llm42: hooks' own host time into %s", hooks_path)
         TIMELINE.add_counter("hook_s", hook_times.take)
+        TIMELINE.on_close.append(hook_times.attribute)
         TIMELINE.on_flush.append(lambda: hook_times.write(hooks_path))
     return TIMELINE
 
