@@ -556,8 +556,8 @@ class Driver:
             print(f"[driver] warning: profile trigger not started: {exc!r}", flush=True)
             return None
 
-    def server_of(self, cfg: ServerConfig, port: int | None):
-        """`cfg`'s server, not started (its command logged)."""
+    def server_of(self, cfg: ServerConfig, port: int | None, note: str = ""):
+        """`cfg`'s server, not started (its command logged, with `note`)."""
         from llm42.server_process import SGLangServer
 
         flags = self.server_args_of(cfg) + cfg.flags
@@ -567,7 +567,7 @@ class Driver:
         server = SGLangServer(self.args.model_path, flags, port=port, env=env,
                               log_path=self.out / f"server_{cfg.label}.log",
                               startup_timeout=self.args.startup_timeout)
-        self.log_command(f"server {cfg.label}",
+        self.log_command(f"server {cfg.label}{note}",
                          [f"{k}={v}" for k, v in env.items()] + list(server.args))
         return server
 
@@ -615,7 +615,8 @@ class Driver:
         upcoming = None
         try:
             if following is not None:  # its imports overlap this config's runs
-                upcoming = self.server_of(following, None)
+                upcoming = self.server_of(
+                    following, None, f", prestarted: imports beside {cfg.label}'s runs")
                 upcoming.prestart()
             self.bench_all(cfg, server.url)
             for variant in cfg.switched:

@@ -111,6 +111,7 @@ def test_driver_table_plots_and_commands(driver_run):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
     commands = (driver_run / "commands.txt").read_text()
     assert commands.count("sglang.launch_server") == 3, "the switched rows need no start"
+    assert "# server llm42-w16, prestarted: imports beside nondet's runs" in commands
     assert commands.count("benchmarks.bench_serving") == 5
     llm42_log = (driver_run / "server_llm42-w16.log").read_text()
     assert " at the start gate" in llm42_log, "llm42's scheduler did not wait for nondet's stop"
