@@ -44,11 +44,11 @@ from benchmarks.metrics import empty_summary
 from benchmarks.profile_trigger import PROFILE_WAIT_S, ProfileTrigger, finish_profile
 
 RESULTS = "results.jsonl"
-# A run is started when the time left holds this share of its recorded duration (recorded runs
-# were often on another card or commit; the deadline stops one that overruns).
 # Seconds of a cold server start that a prestarted one has already spent before its gate opens:
 # the launcher's and the scheduler's Python imports on the H100 machine (docs/benchmarks.md).
 PRESTART_SAVES_S = 50.0
+# A run is started when the time left holds this share of its recorded duration (recorded runs
+# were often on another card or commit; the deadline stops one that overruns).
 RUN_PRICE_FACTOR = 0.9
 # nondet-no-overlap / llm42-no-overlap: SGLang's normal event loop instead of the overlap loop
 # (llm42 runs in both); they measure what the overlap scheduler is worth with and without llm42.
@@ -608,8 +608,9 @@ class Driver:
             for each in [cfg, *cfg.switched]:
                 self.skip_rows(each, "server did not start: " + reason, shlex.join(server.args))
             return None
-        (self.prestarted_seconds if gated else self.start_seconds).append(time.monotonic() - t0)
-        print(f"[driver] {cfg.label}: server up in {time.monotonic() - t0:.1f} s"
+        up_s = time.monotonic() - t0
+        (self.prestarted_seconds if gated else self.start_seconds).append(up_s)
+        print(f"[driver] {cfg.label}: server up in {up_s:.1f} s"
               + (" (prestarted: imports done while the previous config ran)" if gated else ""),
               flush=True)
         upcoming = None
@@ -723,9 +724,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--startup-timeout", type=float, default=900.0)
     p.add_argument("--prestart-next", action="store_true",
                    help="launch each next server gated while the current one runs, so that its "
-                        "Python imports (~50 s of a start on the H100 machine) overlap that run "
-                        "on the host's last core; its GPU work waits for the current server to "
-                        "stop (llm42.sglang.start_gate)")
+                        "Python imports (~50 s of a start on the H100 machine) overlap that run; "
+                        "its GPU work waits for the current server to stop "
+                        "(llm42.sglang.start_gate)")
     p.add_argument("--bench-timeout", type=float, default=None)
     p.add_argument("--budget-s", type=float, default=None,
                    help="overall deadline: later runs become skipped rows")

@@ -260,11 +260,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = recorded_rows(Path(args.results))
     proofs = recorded_proofs(Path(args.results))
     priced = [Priced("setup", args.setup_s, "--setup-s")]
+    prestarted = (args.prestarted_start_s if args.prestarted_start_s is not None
+                  else max(args.start_s - driver.PRESTART_SAVES_S, 0.0))
     for line in Path(args.dry_run).read_text(encoding="utf-8").splitlines():
         cmd = json.loads(line)
         if cmd[:2] == ["-m", "benchmarks.driver"]:
-            prestarted = (args.prestarted_start_s if args.prestarted_start_s is not None
-                          else max(args.start_s - driver.PRESTART_SAVES_S, 0.0))
             priced += price_driver(cmd[2:], rows, args.start_s, args.run_overhead_s,
                                    args.unknown_run_s, prestarted)
         elif cmd[:2] == ["-m", "benchmarks.determinism_proof"]:

@@ -94,9 +94,7 @@ def register() -> None:
             HookRegistry.register(spec.target, hook, types[spec.type])
     # a server prestarted by the benchmark driver: its scheduler waits here, imports done and
     # before any CUDA call, until the server running now has stopped
-    import multiprocessing
-
-    start_gate.wait(is_main_process=multiprocessing.parent_process() is None)
+    start_gate.wait(is_main_process=not _spawned_by_launcher())
 
 
 def _cli_hooks_only() -> bool:
@@ -107,9 +105,14 @@ def _cli_hooks_only() -> bool:
     the environment of what started it (a shell, a test process, an earlier launch) can never
     strip an llm42 launch of its tokenizer manager's hooks; it writes its own decision before it
     spawns a scheduler."""
+    return os.environ.get(HOOKS_ENV) == HOOKS_CLI and _spawned_by_launcher()
+
+
+def _spawned_by_launcher() -> bool:
+    """A multiprocessing child (a scheduler), not the launcher a shell or a driver started."""
     import multiprocessing
 
-    return os.environ.get(HOOKS_ENV) == HOOKS_CLI and multiprocessing.parent_process() is not None
+    return multiprocessing.parent_process() is not None
 
 
 def record_hooks_decision(needed: bool) -> None:
